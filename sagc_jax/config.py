@@ -1,0 +1,509 @@
+"""Run configuration: frozen dataclasses, one per section, loaded from YAML with overrides.
+
+A config file is a YAML mapping of sections (``model``, ``sampling``, ``loss``, ``controller``,
+``train``, ``data``, ``mesh``, ``logging``, ``sim``); every key is optional and falls back to the
+default below. ``--set section.key=value`` overrides are applied on top, their values parsed as
+YAML scalars (``--set controller.sagc.candidates=[2,4,8]`` works).
+
+Every field declares what it accepts through :func:`option` (``ge``/``gt``/``le``/``lt`` bounds,
+``choices``); cross-field rules live in ``__post_init__``. Anything wrong raises
+:class:`ConfigError` whose message is one line naming the file (and line), the key, the bad value
+and what is allowed. This module is numpy-free and jax-free so that the host-side controller and
+simulator can import it cheaply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "ControllerConfig",
+    "DataConfig",
+    "LoggingConfig",
+    "LossConfig",
+    "MeshConfig",
+    "ModelConfig",
+    "SAGCConfig",
+    "SamplingConfig",
+    "SimConfig",
+    "TrainConfig",
+    "from_dict",
+    "load_config",
+    "option",
+    "parse_controller_spec",
+    "to_dict",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, mis-typed or out of range (message is one line)."""
+
+
+def option(default: Any, *, ge=None, gt=None, le=None, lt=None, choices=None, help: str = ""):
+    """A dataclass field with a default, bounds and allowed choices, checked on construction."""
+    if isinstance(default, list | dict):
+        raise TypeError("use tuples for sequence defaults: configs are frozen")
+    meta = {"ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "help": help}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _describe_bounds(meta: dict) -> str:
+    parts = []
+    for key, sym in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
+        if meta.get(key) is not None:
+            parts.append(f"{sym} {meta[key]}")
+    return " and ".join(parts)
+
+
+def _check_scalar(key: str, value: Any, meta: dict) -> None:
+    choices = meta.get("choices")
+    if choices is not None and value not in choices:
+        raise ConfigError(f"{key} = {value!r} is not allowed; choose one of {list(choices)}")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        ok = (
+            (meta.get("ge") is None or value >= meta["ge"])
+            and (meta.get("gt") is None or value > meta["gt"])
+            and (meta.get("le") is None or value <= meta["le"])
+            and (meta.get("lt") is None or value < meta["lt"])
+        )
+        if not ok:
+            raise ConfigError(
+                f"{key} = {value!r} is out of range; allowed: {_describe_bounds(meta)}"
+            )
+
+
+def _validate_fields(obj: Any, prefix: str) -> None:
+    """Check every field of a config dataclass against its ``option`` metadata."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        key = f"{prefix}{f.name}"
+        if isinstance(value, tuple):
+            for item in value:
+                _check_scalar(key, item, f.metadata)
+        elif value is not None:
+            _check_scalar(key, value, f.metadata)
+
+
+class _Section:
+    """Mixin: validates option bounds on construction; subclasses add cross-field rules."""
+
+    _prefix = ""
+
+    def __post_init__(self) -> None:
+        _validate_fields(self, self._prefix)
+        self.check()
+
+    def check(self) -> None:
+        """Cross-field rules; raise ConfigError."""
+
+
+# --------------------------------------------------------------------------- sections
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig(_Section):
+    """Which policy to train: a preset architecture or a local Hugging Face checkpoint."""
+
+    _prefix = "model."
+    preset: str = option("tiny", help="architecture preset (used when hf_checkpoint is unset)")
+    hf_checkpoint: str | None = option(None, help="local Hugging Face model directory")
+    param_dtype: str = option("float32", choices=("float32", "bfloat16"))
+    compute_dtype: str = option("float32", choices=("float32", "bfloat16"))
+    remat: bool = option(False, help="rematerialise each decoder layer in the backward pass")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig(_Section):
+    """Rollout sampling."""
+
+    _prefix = "sampling."
+    max_new_tokens: int = option(256, ge=1)
+    temperature: float = option(1.0, ge=0.0)
+    top_p: float = option(1.0, gt=0.0, le=1.0)
+    top_k: int = option(0, ge=0, help="0 disables top-k")
+    prompt_buckets: tuple[int, ...] = option((64, 128, 256, 512, 1024, 2048, 4096), ge=1)
+
+    def check(self) -> None:
+        if list(self.prompt_buckets) != sorted(set(self.prompt_buckets)):
+            raise ConfigError(
+                f"sampling.prompt_buckets = {list(self.prompt_buckets)} must be strictly increasing"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig(_Section):
+    """Policy-gradient objective."""
+
+    _prefix = "loss."
+    algorithm: str = option("grpo", choices=("grpo", "dapo", "dr_grpo"))
+    eps_low: float = option(0.2, gt=0.0, lt=1.0)
+    eps_high: float = option(0.2, gt=0.0)
+    kl_beta: float = option(0.0, ge=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class SAGCConfig(_Section):
+    """Knobs of Straggler-Aware Group Control (see README, "Choosing delta and tau").
+
+    candidates: the ladder of group sizes, strictly increasing.
+    delta: target long-run straggler observation E[s_t].
+    tau: a group straggles when max/median of its lengths exceeds tau.
+    scope: ``group`` (s_t = fraction of straggling groups) or ``batch`` (0/1 over the whole step).
+    eta: dual step size of lambda; lambda_max: its upper clip.
+    gamma: forgetting factor of the Beta posteriors (memory about 1/(1-gamma) steps).
+    alpha0, beta0: Beta prior of every candidate's straggler probability.
+    radius: G moves at most this many rungs of the ladder per step.
+    g_init: the G of the first step (None: the middle rung).
+    seed: seed of the Thompson-sampling generator.
+    """
+
+    _prefix = "controller.sagc."
+    candidates: tuple[int, ...] = option((4, 8, 16), ge=1)
+    delta: float = option(0.3, gt=0.0, lt=1.0)
+    tau: float = option(3.0, gt=1.0)
+    scope: str = option("group", choices=("group", "batch"))
+    eta: float = option(1.0, gt=0.0)
+    lambda_max: float = option(20.0, gt=0.0)
+    gamma: float = option(0.95, gt=0.0, le=1.0)
+    alpha0: float = option(1.0, gt=0.0)
+    beta0: float = option(1.0, gt=0.0)
+    radius: int = option(1, ge=1)
+    g_init: int | None = option(None, ge=1)
+    seed: int = option(0, ge=0)
+
+    def check(self) -> None:
+        c = list(self.candidates)
+        if not c or c != sorted(set(c)):
+            raise ConfigError(
+                f"{self._prefix}candidates = {c} must be a non-empty, strictly increasing list"
+            )
+        if self.g_init is not None and self.g_init not in self.candidates:
+            raise ConfigError(
+                f"{self._prefix}g_init = {self.g_init} is not a candidate; allowed: {c}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class ControllerConfig(_Section):
+    """Which group-size controller runs: SAGC or a fixed G baseline."""
+
+    _prefix = "controller."
+    kind: str = option("sagc", choices=("sagc", "fixed"))
+    group_size: int = option(8, ge=1, help="G of the fixed baseline (kind: fixed)")
+    sagc: SAGCConfig = dataclasses.field(default_factory=SAGCConfig)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig(_Section):
+    """Optimisation loop."""
+
+    _prefix = "train."
+    steps: int = option(100, ge=1)
+    prompts_per_step: int = option(8, ge=1)
+    learning_rate: float = option(1e-6, gt=0.0)
+    seed: int = option(0, ge=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig(_Section):
+    """Where prompts come from."""
+
+    _prefix = "data."
+    task: str = option("synthetic", help="'synthetic' or a dataset file given by path")
+    path: str | None = option(None)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig(_Section):
+    """Device mesh shape; -1 means all remaining devices."""
+
+    _prefix = "mesh."
+    data: int = option(1, ge=-1)
+    fsdp: int = option(-1, ge=-1)
+    tensor: int = option(1, ge=-1)
+
+    def check(self) -> None:
+        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+        for name, size in sizes.items():
+            if size == 0:
+                raise ConfigError(f"mesh.{name} = 0 is not allowed; use a positive size or -1")
+        if sum(v == -1 for v in sizes.values()) > 1:
+            raise ConfigError(f"mesh: at most one axis may be -1, got {sizes}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingConfig(_Section):
+    """Where and how a run writes its outputs."""
+
+    _prefix = "logging."
+    run_dir: str | None = option(None, help="default: runs/<config name>-<timestamp>")
+    plots: bool = option(True)
+
+
+@dataclasses.dataclass(frozen=True)
+class SimConfig(_Section):
+    """Offline simulator: a synthetic rollout-length workload and a step-time model.
+
+    The defaults are the calibrated workload of ``configs/sim/reasoning_drift.yaml``.
+
+    Lengths of completion i of prompt p at step t (tokens, EOS included):
+    ``L = min(max_new_tokens, ceil(m_t * exp(prompt_sigma * z_p + group_sigma * e_pi) * f))``
+    where ``m_t`` drifts from ``median_start`` to ``median_end`` (geometric; the median length of
+    successful completions), ``group_sigma`` drifts linearly to ``group_sigma_end``, ``f`` is
+    ``failure_length_ratio`` for failed completions (success probability per prompt drawn from
+    Beta with mean ``success_mean``) and ``e_pi`` is Student-t with ``tail_df`` degrees of freedom
+    (heavy tail). With probability ``runaway_prob`` a completion runs to ``max_new_tokens``.
+    """
+
+    _prefix = "sim."
+    steps: int = option(300, ge=1)
+    prompts_per_step: int = option(64, ge=1)
+    seed: int = option(0, ge=0)
+    controllers: tuple[str, ...] = option(("fixed:4", "fixed:8", "fixed:16", "sagc"))
+    max_new_tokens: int = option(8192, ge=1)
+    prompt_tokens: int = option(256, ge=0)
+    median_start: float = option(350.0, gt=0.0)
+    median_end: float = option(1200.0, gt=0.0)
+    prompt_sigma: float = option(0.5, ge=0.0)
+    group_sigma: float = option(0.15, ge=0.0)
+    group_sigma_end: float | None = option(0.6, ge=0.0, help="spread at the last step")
+    tail_df: float = option(3.0, gt=0.0, help="Student-t degrees of freedom; inf = Gaussian")
+    success_mean: float = option(0.4, ge=0.0, le=1.0)
+    success_concentration: float = option(1.5, gt=0.0)
+    failure_length_ratio: float = option(3.0, gt=0.0)
+    runaway_prob: float = option(0.002, ge=0.0, le=1.0)
+    # Step-time model of synchronous training (seconds).
+    decode_step_seconds: float = option(0.02, ge=0.0, help="fixed cost of one decode step")
+    decode_seq_seconds: float = option(2e-5, ge=0.0, help="extra cost per sequence per step")
+    prefill_token_seconds: float = option(2e-6, ge=0.0)
+    update_token_seconds: float = option(4e-5, ge=0.0, help="update cost per processed token")
+    step_overhead_seconds: float = option(1.0, ge=0.0)
+
+    def check(self) -> None:
+        if not self.controllers:
+            raise ConfigError("sim.controllers is empty; give e.g. ['fixed:4', 'sagc']")
+        for spec in self.controllers:
+            parse_controller_spec(spec)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(_Section):
+    """The whole run configuration."""
+
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    controller: ControllerConfig = dataclasses.field(default_factory=ControllerConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
+    sim: SimConfig = dataclasses.field(default_factory=SimConfig)
+
+
+def parse_controller_spec(spec: str) -> tuple[str, int | None]:
+    """``'sagc'`` -> ("sagc", None); ``'fixed:8'`` -> ("fixed", 8); anything else is an error."""
+    kind, _, arg = spec.partition(":")
+    if kind == "sagc" and not arg:
+        return "sagc", None
+    if kind == "fixed" and arg.isdigit() and int(arg) >= 1:
+        return "fixed", int(arg)
+    raise ConfigError(
+        f"controller spec {spec!r} is not allowed; use 'sagc' or 'fixed:<G>' with G >= 1"
+    )
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is tuple:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Convert a YAML value to the field type ``tp`` or raise ConfigError."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(key, value, arg)
+            except ConfigError:
+                pass
+    elif origin is tuple:
+        (item_tp, _) = typing.get_args(tp)
+        if isinstance(value, list | tuple):
+            return tuple(_coerce(key, v, item_tp) for v in value)
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 4e-5 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(f"{key} = {value!r} has the wrong type; expected {_type_name(tp)}")
+
+
+def _closest(name: str, allowed: list[str]) -> str:
+    match = difflib.get_close_matches(name, allowed, n=1, cutoff=0.5)
+    hint = f"did you mean '{match[0]}'? " if match else ""
+    return f"{hint}allowed keys: {', '.join(allowed)}"
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    where = prefix.rstrip(".") or "the config"
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping of keys, got {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for name, value in data.items():
+        if name not in fields:
+            allowed = sorted(fields)
+            raise ConfigError(f"unknown key '{prefix}{name}'; {_closest(str(name), allowed)}")
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = _build(tp, value, f"{prefix}{name}.")
+        else:
+            kwargs[name] = _coerce(f"{prefix}{name}", value, tp)
+    return cls(**kwargs)
+
+
+def from_dict(data: dict, cls: type = Config) -> Any:
+    """Build a validated config dataclass from nested plain data."""
+    return _build(cls, data, getattr(cls, "_prefix", ""))
+
+
+def to_dict(cfg: Any) -> dict:
+    """Nested plain data (tuples as lists) that :func:`from_dict` turns back into ``cfg``."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            value = to_dict(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[f.name] = value
+    return out
+
+
+def _key_lines(text: str) -> dict[str, int]:
+    """Map every dotted key of a YAML mapping to its 1-based line number."""
+    lines: dict[str, int] = {}
+
+    def walk(node: yaml.Node, prefix: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                key = f"{prefix}{key_node.value}"
+                lines[key] = key_node.start_mark.line + 1
+                walk(value_node, key + ".")
+
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    if root is not None:
+        walk(root, "")
+    return lines
+
+
+def _set_dotted(data: dict, dotted: str, value: Any, origin: str) -> None:
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{origin}: '{part}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split ``section.key=value``; the value is parsed as a YAML scalar or flow list."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set {text!r}: expected section.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--set {text!r}: cannot parse the value ({err.problem})") from None
+    return key, value
+
+
+def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
+    """Load ``path`` (YAML; None for all defaults), apply ``--set`` overrides, validate.
+
+    Raises ConfigError with a one-line message that starts with the file (and line) or the
+    ``--set`` argument responsible.
+    """
+    data: dict = {}
+    lines: dict[str, int] = {}
+    origin = "defaults"
+    if path is not None:
+        path = Path(path)
+        origin = str(path)
+        try:
+            text = path.read_text()
+        except OSError as err:
+            raise ConfigError(f"{path}: cannot read the config file ({err.strerror})") from None
+        try:
+            loaded = yaml.safe_load(text)
+            lines = _key_lines(text)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            at = f":{mark.line + 1}" if mark is not None else ""
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise ConfigError(f"{path}{at}: not valid YAML ({problem})") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+        data = loaded or {}
+    set_keys = {}
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_dotted(data, key, value, f"--set {text}")
+        set_keys[key] = text
+    try:
+        return from_dict(data)
+    except ConfigError as err:
+        raise ConfigError(_locate(str(err), origin, lines, set_keys)) from None
+
+
+def _locate(message: str, origin: str, lines: dict[str, int], set_keys: dict[str, str]) -> str:
+    """Prefix an error with where the offending key came from (``--set`` or file:line)."""
+    key = message.split(" ", 1)[0]
+    if message.startswith("unknown key '"):
+        key = message.split("'")[1]
+    for candidate in (key, key.rsplit(".", 1)[0]):
+        if candidate in set_keys:
+            return f"--set {set_keys[candidate]}: {message}"
+        if candidate in lines:
+            return f"{origin}:{lines[candidate]}: {message}"
+    return f"{origin}: {message}"

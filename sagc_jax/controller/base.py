@@ -1,0 +1,119 @@
+"""The interface shared by every group-size controller, and its common bookkeeping."""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import numpy as np
+
+from sagc_jax.controller.observation import (
+    check_lengths,
+    group_ratios,
+    padding_waste,
+    straggler_observation,
+)
+
+
+class GroupController(abc.ABC):
+    """Chooses the GRPO group size G before each step and learns from the step's lengths.
+
+    Protocol per training step::
+
+        G = controller.propose()          # same value until observe() is called
+        ... generate prompts_per_step x G rollouts ...
+        metrics = controller.observe(lengths_pg)   # [num_groups, G] response lengths
+
+    Every controller measures stragglers the same way (``tau``, ``scope``) so that baselines and
+    SAGC report comparable straggler rates.
+    """
+
+    def __init__(self, candidates: tuple[int, ...], tau: float, scope: str) -> None:
+        self.candidates = tuple(int(g) for g in candidates)
+        self.tau = float(tau)
+        self.scope = scope
+        self._pending: int | None = None  # G proposed and not yet observed
+        self.step = 0
+        self.straggler_sum = 0.0  # running sum of s_t
+        self.group_size_sum = 0  # running sum of G_t
+        self.steps_per_candidate = np.zeros(len(self.candidates), dtype=np.int64)
+
+    # ------------------------------------------------------------------ decisions
+
+    @abc.abstractmethod
+    def _decide(self) -> int:
+        """The G of the next step (called once per step)."""
+
+    @abc.abstractmethod
+    def _learn(self, group_size: int, s_t: float) -> dict[str, Any]:
+        """Update internal state after a step at ``group_size``; return extra metrics."""
+
+    def propose(self) -> int:
+        """The G for the next step; repeated calls before :meth:`observe` return the same G."""
+        if self._pending is None:
+            self._pending = int(self._decide())
+        return self._pending
+
+    def observe(self, lengths_pg) -> dict[str, Any]:
+        """Record the step that used the proposed G and return its metrics.
+
+        ``lengths_pg``: integer array ``[num_groups, G]`` of response lengths. Raises
+        RuntimeError if nothing was proposed, ValueError if the group size is not the proposed G.
+        """
+        if self._pending is None:
+            raise RuntimeError("observe() called before propose(); call propose() for the step")
+        arr = check_lengths(lengths_pg, expected_group_size=self._pending)
+        g = self._pending
+        s_t = straggler_observation(arr, self.tau, self.scope)
+        extra = self._learn(g, s_t)
+        self._pending = None
+        self.step += 1
+        self.straggler_sum += s_t
+        self.group_size_sum += g
+        self.steps_per_candidate[self.candidates.index(g)] += 1
+        return {
+            "step": self.step - 1,
+            "group_size": g,
+            "s_t": s_t,
+            "straggler_rate": self.straggler_sum / self.step,
+            "mean_group_size": self.group_size_sum / self.step,
+            "group_ratios": group_ratios(arr),
+            "max_ratio": float(group_ratios(arr).max()),
+            "padding_waste": padding_waste(arr),
+            "mean_length": float(arr.mean()),
+            "max_length": int(arr.max()),
+            **extra,
+        }
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue bit-for-bit: numpy arrays and Python scalars only."""
+        return {
+            "kind": type(self).__name__,
+            "candidates": np.asarray(self.candidates, dtype=np.int64),
+            "pending": -1 if self._pending is None else self._pending,
+            "step": self.step,
+            "straggler_sum": self.straggler_sum,
+            "group_size_sum": self.group_size_sum,
+            "steps_per_candidate": self.steps_per_candidate.copy(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output; rejects state of another controller or ladder."""
+        if state.get("kind") != type(self).__name__:
+            raise ValueError(
+                f"state of a {state.get('kind')!r} cannot be loaded into a {type(self).__name__}"
+            )
+        saved = tuple(int(g) for g in np.asarray(state["candidates"]).tolist())
+        if saved != self.candidates:
+            raise ValueError(
+                f"saved controller candidates {list(saved)} differ from configured "
+                f"{list(self.candidates)}"
+            )
+        pending = int(state["pending"])
+        self._pending = None if pending < 0 else pending
+        self.step = int(state["step"])
+        self.straggler_sum = float(state["straggler_sum"])
+        self.group_size_sum = int(state["group_size_sum"])
+        self.steps_per_candidate = np.array(state["steps_per_candidate"], dtype=np.int64)

@@ -1,0 +1,169 @@
+"""Tables, CSV files and plots of simulator runs."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+
+from sagc_jax.sim.runner import SimRun
+
+_COLUMNS = (
+    ("controller", "controller", "{}"),
+    ("straggler_rate", "straggler rate", "{:.3f}"),
+    ("mean_G", "mean G", "{:.2f}"),
+    ("mean_log2_G", "mean log2 G", "{:.2f}"),
+    ("rollouts", "rollouts", "{:d}"),
+    ("wall_clock_h", "sim wall-clock (h)", "{:.2f}"),
+    ("vs_ref", "vs fixed:16", "{:.2f}x"),
+    ("rollout_share", "rollout share", "{:.2f}"),
+    ("padding_waste", "padding waste", "{:.3f}"),
+)
+
+
+def summary_rows(runs: list[SimRun], reference: str = "fixed:16") -> list[dict]:
+    """Summaries with wall-clock relative to ``reference`` (nan when it was not run)."""
+    rows = [run.summary() for run in runs]
+    ref = next((r["wall_clock_h"] for r in rows if r["controller"] == reference), float("nan"))
+    for row in rows:
+        row["vs_ref"] = row["wall_clock_h"] / ref if ref else float("nan")
+    return rows
+
+
+def format_table(rows: list[dict], bootstrapped: bool = False) -> str:
+    """A markdown table, one row per controller."""
+    cols = list(_COLUMNS) + (
+        [("bootstrapped_steps", "bootstrapped steps", "{:d}")] if bootstrapped else []
+    )
+    lines = [
+        "| " + " | ".join(title for _, title, _ in cols) + " |",
+        "|" + "|".join(" --- " for _ in cols) + "|",
+    ]
+    for row in rows:
+        cells = []
+        for key, _, fmt in cols:
+            value = row[key]
+            cells.append(
+                "n/a" if isinstance(value, float) and np.isnan(value) else fmt.format(value)
+            )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_csv(runs: list[SimRun], rows: list[dict], out_dir: Path) -> list[Path]:
+    """``summary.csv`` (one row per controller) and ``steps.csv`` (one row per controller-step)."""
+    summary_path, steps_path = out_dir / "summary.csv", out_dir / "steps.csv"
+    with summary_path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    candidates = sorted({g for run in runs for g in run.candidates})
+    with steps_path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(
+            [
+                "controller",
+                "step",
+                "G",
+                "s_t",
+                "lambda",
+                "padding_waste",
+                "max_ratio",
+                "mean_length",
+                "rollout_s",
+                "update_s",
+            ]
+            + [f"posterior_mean_G{g}" for g in candidates]
+        )
+        for run in runs:
+            for t in range(len(run.group_size)):
+                post = {g: run.posterior_mean[t, i] for i, g in enumerate(run.candidates)}
+                writer.writerow(
+                    [
+                        run.name,
+                        t,
+                        int(run.group_size[t]),
+                        f"{run.s_t[t]:.6g}",
+                        f"{run.lam[t]:.6g}",
+                        f"{run.padding_waste[t]:.6g}",
+                        f"{run.max_ratio[t]:.6g}",
+                        f"{run.mean_length[t]:.6g}",
+                        f"{run.rollout_seconds[t]:.6g}",
+                        f"{run.update_seconds[t]:.6g}",
+                    ]
+                    + [
+                        f"{post[g]:.6g}" if g in post and not np.isnan(post[g]) else ""
+                        for g in candidates
+                    ]
+                )
+    return [summary_path, steps_path]
+
+
+def write_plots(runs: list[SimRun], out_dir: Path, delta: float) -> list[Path]:
+    """PNG plots: G over steps, lambda, posterior means, running straggler rate, ratios."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    adaptive = [r for r in runs if not np.all(np.isnan(r.posterior_mean))]
+
+    def save(fig, name):
+        path = out_dir / name
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for run in runs:
+        ax.step(np.arange(len(run.group_size)), run.group_size, where="post", label=run.name)
+    ax.set(xlabel="step", ylabel="G", yscale="log", title="Group size per step")
+    ax.set_yticks(sorted({g for r in runs for g in r.candidates}))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.legend(fontsize=8)
+    save(fig, "group_size.png")
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for run in adaptive:
+        ax.plot(run.lam, label=run.name)
+    ax.set(xlabel="step", ylabel="lambda", title="Dual variable (straggler price)")
+    save(fig, "lambda.png")
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for run in adaptive:
+        for i, g in enumerate(run.candidates):
+            ax.plot(run.posterior_mean[:, i], label=f"{run.name} G={g}")
+    ax.axhline(delta, color="k", ls=":", label="delta")
+    ax.set(
+        xlabel="step",
+        ylabel="alpha / (alpha + beta)",
+        ylim=(0, 1),
+        title="Posterior mean straggler probability",
+    )
+    ax.legend(fontsize=8)
+    save(fig, "posterior_mean.png")
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for run in runs:
+        ax.plot(np.cumsum(run.s_t) / np.arange(1, len(run.s_t) + 1), label=run.name)
+    ax.axhline(delta, color="k", ls=":", label="delta")
+    ax.set(xlabel="step", ylabel="running mean of s_t", ylim=(0, 1), title="Running straggler rate")
+    ax.legend(fontsize=8)
+    save(fig, "straggler_rate.png")
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for run in runs:
+        ratios = np.concatenate(run.group_ratios)
+        ax.hist(np.clip(ratios, 1, 10), bins=60, histtype="step", density=True, label=run.name)
+    ax.set(
+        xlabel="group max / median (clipped at 10)",
+        ylabel="density",
+        title="Distribution of per-group max/median ratios",
+    )
+    ax.legend(fontsize=8)
+    save(fig, "max_median_ratio.png")
+    return paths

@@ -1,0 +1,115 @@
+"""Config loading, overrides and the one-line errors users see."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sagc_jax.cli import main
+from sagc_jax.config import Config, ConfigError, from_dict, load_config, to_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
+
+
+def test_there_are_configs():
+    assert CONFIGS
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_shipped_config_parses(path):
+    cfg = load_config(path)
+    assert isinstance(cfg, Config)
+    assert from_dict(to_dict(cfg)) == cfg  # round trip through plain data
+
+
+def test_defaults_and_overrides():
+    cfg = load_config(None, ["controller.sagc.delta=0.2", "controller.sagc.candidates=[2,4,8]"])
+    assert cfg.controller.sagc.delta == 0.2
+    assert cfg.controller.sagc.candidates == (2, 4, 8)
+    assert cfg.sim == Config().sim
+    # YAML 1.1 reads 4e-5 as a string; a float field still accepts it
+    assert load_config(None, ["sim.update_token_seconds=4e-5"]).sim.update_token_seconds == 4e-5
+
+
+def write(tmp_path, text):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
+def error_of(path, overrides=()):
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_unknown_key_names_file_line_and_closest_key(tmp_path):
+    path = write(tmp_path, "controller:\n  sagc:\n    delta: 0.2\n    dleta: 0.3\n")
+    msg = error_of(path)
+    assert msg.startswith(f"{path}:4: unknown key 'controller.sagc.dleta'")
+    assert "did you mean 'delta'?" in msg
+
+
+def test_unknown_section(tmp_path):
+    msg = error_of(write(tmp_path, "controler:\n  kind: sagc\n"))
+    assert ":1: unknown key 'controler'" in msg and "did you mean 'controller'?" in msg
+
+
+def test_wrong_type(tmp_path):
+    msg = error_of(write(tmp_path, "sim:\n  steps: many\n"))
+    assert msg == f"{path_of(tmp_path)}:2: sim.steps = 'many' has the wrong type; expected int"
+    msg = error_of(write(tmp_path, "controller:\n  sagc:\n    candidates: [4, 8.5]\n"))
+    assert "controller.sagc.candidates = 8.5 has the wrong type; expected int" in msg
+    msg = error_of(write(tmp_path, "model:\n  remat: 1\n"))
+    assert "expected bool" in msg
+
+
+def path_of(tmp_path):
+    return tmp_path / "run.yaml"
+
+
+def test_out_of_range_and_choices(tmp_path):
+    msg = error_of(write(tmp_path, "controller:\n  sagc:\n    delta: 1.5\n"))
+    assert msg.endswith("controller.sagc.delta = 1.5 is out of range; allowed: > 0.0 and < 1.0")
+    assert ":3:" in msg
+    msg = error_of(None, ["controller.sagc.scope=prompt"])
+    assert msg.startswith("--set controller.sagc.scope=prompt: ")
+    assert "choose one of ['group', 'batch']" in msg
+    msg = error_of(None, ["controller.sagc.g_init=6"])
+    assert "g_init = 6 is not a candidate; allowed: [4, 8, 16]" in msg
+    msg = error_of(None, ["controller.sagc.candidates=[8,4]"])
+    assert "strictly increasing" in msg
+    msg = error_of(None, ["sim.controllers=[fixed:8,adaptive]"])
+    assert "controller spec 'adaptive' is not allowed" in msg
+
+
+def test_bad_yaml_and_missing_file(tmp_path):
+    msg = error_of(write(tmp_path, "sim:\n  steps: [1,\n"))
+    assert "not valid YAML" in msg
+    msg = error_of(tmp_path / "nope.yaml")
+    assert "cannot read the config file" in msg
+    assert "must be a mapping" in error_of(write(tmp_path, "- 1\n- 2\n"))
+
+
+def test_cli_config_prints_the_resolved_config(tmp_path, capsys):
+    path = write(tmp_path, "controller:\n  sagc:\n    tau: 2.0\n")
+    assert main(["config", "--config", str(path), "--set", "sim.steps=7"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["controller"]["sagc"]["tau"] == 2.0
+    assert printed["sim"]["steps"] == 7
+
+
+def test_cli_bad_input_is_one_line_exit_2_no_traceback(tmp_path):
+    path = write(tmp_path, "sim:\n  stepz: 3\n")
+    for args in (["config", "--config", str(path)], ["simulate", "--set", "sim.steps=-1"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "sagc_jax", *args], capture_output=True, text=True
+        )
+        assert proc.returncode == 2
+        assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+        assert "Traceback" not in proc.stderr

@@ -1,0 +1,168 @@
+"""The rollout-length workloads, the step-time model, replay and the simulate command."""
+
+import json
+
+import numpy as np
+import pytest
+
+from sagc_jax.cli import main
+from sagc_jax.config import SimConfig, load_config
+from sagc_jax.controller import FixedGroupController
+from sagc_jax.sim import ReplayWorkload, SyntheticWorkload, compare, run_controller, step_seconds
+from sagc_jax.sim.report import summary_rows
+
+
+def test_common_random_numbers_across_group_sizes():
+    w = SyntheticWorkload(SimConfig(prompts_per_step=8))
+    big, small = w.lengths(5, 16), w.lengths(5, 4)
+    assert big.shape == (8, 16) and small.shape == (8, 4)
+    np.testing.assert_array_equal(big[:, :4], small)
+    assert not np.array_equal(w.lengths(6, 4), small)  # other step, other rollouts
+
+
+def test_lengths_drift_truncate_and_failures_are_longer():
+    cfg = SimConfig(
+        steps=100,
+        prompts_per_step=64,
+        median_start=100,
+        median_end=400,
+        max_new_tokens=600,
+        failure_length_ratio=3.0,
+        runaway_prob=0.0,
+        group_sigma_end=None,
+    )
+    w = SyntheticWorkload(cfg)
+    early = np.concatenate([w.lengths(t, 8).ravel() for t in range(10)])
+    late = np.concatenate([w.lengths(t, 8).ravel() for t in range(90, 100)])
+    assert np.median(late) > 2.5 * np.median(early)
+    assert late.max() == 600 and early.min() >= 1
+    runaway = SyntheticWorkload(SimConfig(prompts_per_step=64, runaway_prob=1.0))
+    assert np.all(runaway.lengths(0, 4) == runaway.cfg.max_new_tokens)
+    # all successes vs all failures: 3x the length for the same random numbers
+    ok = SyntheticWorkload(
+        SimConfig(success_mean=1.0, max_new_tokens=10**6, runaway_prob=0)
+    ).lengths(0, 4)
+    bad = SyntheticWorkload(
+        SimConfig(success_mean=0.0, max_new_tokens=10**6, runaway_prob=0)
+    ).lengths(0, 4)
+    np.testing.assert_allclose(bad / ok, 3.0, rtol=0.05)  # ceil on short ones
+
+
+def test_larger_groups_straggle_more_on_the_calibrated_workload():
+    cfg = load_config("configs/sim/reasoning_drift.yaml")
+    w = SyntheticWorkload(cfg.sim)
+    rates = [
+        run_controller(f"fixed:{g}", FixedGroupController(g, tau=3.0), w, cfg).s_t.mean()
+        for g in (4, 8, 16)
+    ]
+    assert rates[0] < rates[1] < rates[2]
+
+
+def test_step_time_model_by_hand():
+    cfg = SimConfig(
+        prefill_token_seconds=0.001,
+        decode_step_seconds=0.1,
+        decode_seq_seconds=0.01,
+        update_token_seconds=0.002,
+        step_overhead_seconds=1.0,
+    )
+    lengths = np.array([[10, 20], [30, 40]])
+    rollout, update = step_seconds(lengths, prompt_tokens=5, cfg=cfg)
+    assert rollout == pytest.approx(0.001 * 4 * 5 + 40 * (0.1 + 0.01 * 4))
+    assert update == pytest.approx(1.0 + 0.002 * (4 * 5 + 100))
+
+
+def test_sagc_meets_the_done_criteria_on_the_calibrated_workload():
+    """SAGC near delta where fixed 16 is not, cheaper than fixed 16, larger G than fixed 4."""
+    cfg = load_config("configs/sim/reasoning_drift.yaml")
+    rows = {r["controller"]: r for r in summary_rows(compare(cfg, SyntheticWorkload(cfg.sim)))}
+    delta = cfg.controller.sagc.delta
+    assert abs(rows["sagc"]["straggler_rate"] - delta) <= 0.05
+    assert rows["fixed:16"]["straggler_rate"] > delta + 0.1
+    assert rows["sagc"]["wall_clock_h"] < rows["fixed:16"]["wall_clock_h"]
+    assert rows["sagc"]["mean_log2_G"] > rows["fixed:4"]["mean_log2_G"]
+
+
+def test_simulate_command_writes_table_csv_and_plots(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(
+        [
+            "simulate",
+            "--set",
+            "sim.steps=30",
+            "--set",
+            "sim.prompts_per_step=8",
+            "--set",
+            f"logging.run_dir={out}",
+        ]
+    )
+    assert code == 0
+    printed = capsys.readouterr().out
+    for name in ("fixed:4", "fixed:8", "fixed:16", "sagc", "straggler rate", "mean log2 G"):
+        assert name in printed
+    for name in (
+        "summary.csv",
+        "steps.csv",
+        "table.md",
+        "config.yaml",
+        "group_size.png",
+        "lambda.png",
+        "posterior_mean.png",
+        "straggler_rate.png",
+    ):
+        assert (out / name).stat().st_size > 0, name
+    steps_csv = (out / "steps.csv").read_text().splitlines()
+    assert len(steps_csv) == 1 + 4 * 30
+
+
+def write_log(path, records):
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    return path
+
+
+def test_replay_first_g_then_bootstrap(tmp_path):
+    log = write_log(
+        tmp_path / "log.jsonl",
+        [
+            {"step": 0, "lengths": [[1, 2, 3, 4], [5, 6, 7, 8]], "reward": 0.5},
+            {"step": 1, "lengths": [[9, 9, 9, 90], [1, 1, 1, 1]], "prompt_tokens": 10},
+        ],
+    )
+    w = ReplayWorkload(log)
+    assert w.num_steps == 2
+    np.testing.assert_array_equal(w.lengths(0, 2), [[1, 2], [5, 6]])
+    filled = w.lengths(0, 8)
+    assert filled.shape == (2, 8) and not w.is_bootstrapped(0, 4) and w.is_bootstrapped(0, 8)
+    np.testing.assert_array_equal(filled[:, :4], [[1, 2, 3, 4], [5, 6, 7, 8]])
+    assert set(filled[0, 4:]) <= {1, 2, 3, 4} and set(filled[1, 4:]) <= {5, 6, 7, 8}
+    np.testing.assert_array_equal(filled, ReplayWorkload(log).lengths(0, 8))  # seeded
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("{not json", "log.jsonl:2: not valid JSON"),
+        ('{"step": 1}', "log.jsonl:2: missing key 'lengths'"),
+        ('{"lengths": [[1, 2], [3]]}', "log.jsonl:2: 'lengths' must be"),
+        ('{"lengths": [[1, -2]]}', "log.jsonl:2: 'lengths' must be"),
+        ('{"lengths": [[1, 2]], "prompt_tokens": "x"}', "log.jsonl:2: 'prompt_tokens'"),
+    ],
+)
+def test_replay_errors_name_file_and_line(tmp_path, line, message):
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"lengths": [[1, 2]]}\n' + line + "\n")
+    with pytest.raises(ValueError, match=message.replace("[", r"\[")):
+        ReplayWorkload(path)
+
+
+def test_replay_command(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    records = [{"lengths": rng.integers(1, 500, size=(8, 16)).tolist()} for _ in range(20)]
+    log = write_log(tmp_path / "log.jsonl", records)
+    out = tmp_path / "replay"
+    assert main(["replay", "--log", str(log), "--set", f"logging.run_dir={out}"]) == 0
+    printed = capsys.readouterr().out
+    assert "replay: 20 steps" in printed and "bootstrapped steps" in printed
+    assert (out / "summary.csv").exists()
+    assert main(["replay", "--log", str(tmp_path / "missing.jsonl")]) == 2
+    assert "cannot read the replay log" in capsys.readouterr().err
