@@ -10,8 +10,8 @@ import numpy as np
 from sagc_jax.controller.observation import (
     check_lengths,
     group_ratios,
+    observation_from_ratios,
     padding_waste,
-    straggler_observation,
 )
 
 
@@ -64,7 +64,8 @@ class GroupController(abc.ABC):
             raise RuntimeError("observe() called before propose(); call propose() for the step")
         arr = check_lengths(lengths_pg, expected_group_size=self._pending)
         g = self._pending
-        s_t = straggler_observation(arr, self.tau, self.scope)
+        ratios_p = group_ratios(arr)
+        s_t = observation_from_ratios(arr, ratios_p, self.tau, self.scope)
         extra = self._learn(g, s_t)
         self._pending = None
         self.step += 1
@@ -77,10 +78,10 @@ class GroupController(abc.ABC):
             "s_t": s_t,
             "straggler_rate": self.straggler_sum / self.step,
             "mean_group_size": self.group_size_sum / self.step,
-            "group_ratios": group_ratios(arr),
-            "max_ratio": float(group_ratios(arr).max()),
+            "group_ratios": ratios_p,
+            "max_ratio": float(ratios_p.max()),
             "padding_waste": padding_waste(arr),
-            "mean_length": float(arr.mean()),
+            "mean_length": float(arr.sum()) / arr.size,
             "max_length": int(arr.max()),
             **extra,
         }

@@ -39,8 +39,21 @@ def check_lengths(lengths_pg, expected_group_size: int | None = None) -> np.ndar
 
 def group_ratios(lengths_pg: np.ndarray) -> np.ndarray:
     """Per-group ``max / max(1, median)`` of the lengths; float64 ``[num_groups]``."""
-    med_p = np.median(lengths_pg, axis=1)
-    return lengths_pg.max(axis=1) / np.maximum(1.0, med_p)
+    sorted_pg = np.sort(lengths_pg, axis=1)  # one sort gives max and median (cheaper than median)
+    g = sorted_pg.shape[1]
+    med_p = 0.5 * (sorted_pg[:, (g - 1) // 2] + sorted_pg[:, g // 2])
+    return sorted_pg[:, -1] / np.maximum(1.0, med_p)
+
+
+def observation_from_ratios(
+    lengths_pg: np.ndarray, ratios_p: np.ndarray, tau: float, scope: str
+) -> float:
+    """``s_t`` given the already computed per-group ratios (saves a sort per step)."""
+    if scope == "group":
+        return float(np.count_nonzero(ratios_p > tau)) / ratios_p.size
+    if scope == "batch":
+        return float(group_ratios(lengths_pg.reshape(1, -1))[0] > tau)
+    raise ValueError(f"scope = {scope!r} is not allowed; choose one of {list(SCOPES)}")
 
 
 def straggler_observation(lengths_pg, tau: float, scope: str = "group") -> float:
@@ -50,12 +63,7 @@ def straggler_observation(lengths_pg, tau: float, scope: str = "group") -> float
     scope ``batch``: 1.0 if max/median over all the step's rollouts exceeds ``tau``, else 0.0.
     """
     arr = check_lengths(lengths_pg)
-    if scope == "group":
-        return float(np.mean(group_ratios(arr) > tau))
-    if scope == "batch":
-        flat = arr.reshape(1, -1)
-        return float(group_ratios(flat)[0] > tau)
-    raise ValueError(f"scope = {scope!r} is not allowed; choose one of {list(SCOPES)}")
+    return observation_from_ratios(arr, group_ratios(arr), tau, scope)
 
 
 def padding_waste(lengths_pg: np.ndarray) -> float:

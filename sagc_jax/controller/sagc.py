@@ -66,14 +66,14 @@ class SAGCController(GroupController):
             return self.candidates[self.rung]
         r = self.config.radius
         lo, hi = max(0, self.rung - r), min(len(self.candidates) - 1, self.rung + r)
-        allowed = np.arange(lo, hi + 1)
-        p_draw = self.rng.beta(self.alpha[allowed], self.beta[allowed])
-        score = self.utility[allowed] - self.lam * p_draw
+        p_draw = self.rng.beta(self.alpha[lo : hi + 1], self.beta[lo : hi + 1]).tolist()
+        utility = self.utility[lo : hi + 1].tolist()
+        # Highest score; ties to the current rung, then to the smaller G.
         best = max(
-            range(len(allowed)),
-            key=lambda i: (score[i], allowed[i] == self.rung, -allowed[i]),
+            range(lo, hi + 1),
+            key=lambda k: (utility[k - lo] - self.lam * p_draw[k - lo], k == self.rung, -k),
         )
-        return self.candidates[int(allowed[best])]
+        return self.candidates[best]
 
     def _learn(self, group_size: int, s_t: float) -> dict[str, Any]:
         cfg = self.config
@@ -82,7 +82,7 @@ class SAGCController(GroupController):
         self.beta = cfg.beta0 + cfg.gamma * (self.beta - cfg.beta0)
         self.alpha[played] += s_t
         self.beta[played] += 1.0 - s_t
-        self.lam = float(np.clip(self.lam + cfg.eta * (s_t - cfg.delta), 0.0, cfg.lambda_max))
+        self.lam = min(max(self.lam + cfg.eta * (s_t - cfg.delta), 0.0), cfg.lambda_max)
         self.rung = played
         return {"lambda": self.lam, "posterior_mean": self.posterior_mean.copy()}
 
