@@ -146,8 +146,13 @@ class LossConfig(_Section):
     _prefix = "loss."
     algorithm: str = option("grpo", choices=("grpo", "dapo", "dr_grpo"))
     eps_low: float = option(0.2, gt=0.0, lt=1.0)
-    eps_high: float = option(0.2, gt=0.0)
-    kl_beta: float = option(0.0, ge=0.0)
+    eps_high: float = option(0.2, gt=0.0, help="DAPO clip-higher uses 0.28")
+    kl_beta: float = option(0.0, ge=0.0, help="k3 KL to the frozen initial policy; 0 disables")
+    overlong_buffer: int = option(0, ge=0, help="DAPO soft overlong interval in tokens; 0 off")
+    overlong_penalty: float = option(1.0, ge=0.0, help="reward penalty at max_new_tokens")
+    mask_truncated: bool = option(False, help="drop truncated completions from the loss")
+    dynamic_sampling: bool = option(False, help="DAPO: refill groups whose rewards are all equal")
+    max_sampling_rounds: int = option(3, ge=1, help="rollout rounds per step with dynamic sampling")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,110 @@
+"""Clipped policy-gradient losses of GRPO, DAPO and Dr. GRPO: arrays in, (loss, metrics) out.
+
+Shapes: B sequences (a mini-batch of the step), T completion positions. Log-probabilities are
+float32 per token of the sampled completion; ``mask_bt`` is 1 on completion tokens.
+
+The three objectives differ only in how per-token terms are aggregated:
+- ``seq_mean`` (GRPO): mean over tokens of each sequence, then mean over sequences;
+- ``token_mean`` (DAPO): mean over all completion tokens of the step;
+- ``constant`` (Dr. GRPO): sum over tokens divided by (sequences x max completion length).
+The normaliser is a whole-step quantity (:func:`loss_normalizer`), so summing the losses of
+mini-batches gives the loss of the full batch: gradient accumulation is exact.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+AGGREGATIONS = ("seq_mean", "token_mean", "constant")
+
+# algorithm -> (aggregation, scale advantages by the group std)
+ALGORITHMS = {
+    "grpo": ("seq_mean", True),
+    "dapo": ("token_mean", True),
+    "dr_grpo": ("constant", False),
+}
+
+
+def loss_normalizer(mask_bt, aggregation: str, max_new_tokens: int | None = None) -> jax.Array:
+    """The denominator of the step's loss, computed once over the full rollout batch.
+
+    seq_mean: number of sequences with at least one unmasked token; token_mean: number of
+    unmasked tokens; constant: number of sequences x ``max_new_tokens`` (the configured cap,
+    not the padded width).
+    """
+    mask_bt = jnp.asarray(mask_bt, jnp.float32)
+    if aggregation == "seq_mean":
+        value = jnp.sum(jnp.sum(mask_bt, axis=1) > 0)
+    elif aggregation == "token_mean":
+        value = jnp.sum(mask_bt)
+    elif aggregation == "constant":
+        if max_new_tokens is None:
+            raise ValueError("aggregation 'constant' needs max_new_tokens")
+        value = mask_bt.shape[0] * max_new_tokens
+    else:
+        raise ValueError(f"aggregation = {aggregation!r}; choose one of {list(AGGREGATIONS)}")
+    return jnp.maximum(jnp.asarray(value, jnp.float32), 1.0)
+
+
+def kl_k3(logp_bt: jax.Array, ref_logp_bt: jax.Array) -> jax.Array:
+    """Per-token k3 estimator of KL(policy || reference): ``exp(r - p) - (r - p) - 1 >= 0``."""
+    diff = ref_logp_bt - logp_bt
+    return jnp.exp(diff) - diff - 1.0
+
+
+def policy_loss(
+    logp_bt: jax.Array,
+    old_logp_bt: jax.Array,
+    adv_b: jax.Array,
+    mask_bt: jax.Array,
+    normalizer: jax.Array,
+    *,
+    aggregation: str,
+    eps_low: float,
+    eps_high: float,
+    kl_beta: float = 0.0,
+    ref_logp_bt: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """PPO-clipped surrogate with optional k3 KL penalty; returns (scalar loss, metrics).
+
+    Args:
+      logp_bt: float32 [B, T] log-probs of the sampled tokens under the policy being updated.
+      old_logp_bt: float32 [B, T] the same under the policy that generated them (rollout time).
+      adv_b: float32 [B] sequence advantages (broadcast over tokens).
+      mask_bt: float32 [B, T] 1 on completion tokens.
+      normalizer: scalar from :func:`loss_normalizer` over the whole step.
+      aggregation: one of ``AGGREGATIONS``.
+      eps_low, eps_high: the ratio is clipped to ``[1 - eps_low, 1 + eps_high]`` (DAPO's
+        clip-higher uses eps_high > eps_low).
+      kl_beta: coefficient of the KL penalty; needs ``ref_logp_bt`` when > 0.
+    """
+    mask_bt = mask_bt.astype(jnp.float32)
+    ratio_bt = jnp.exp(logp_bt - old_logp_bt)
+    adv_bt = adv_b[:, None]
+    unclipped = ratio_bt * adv_bt
+    clipped = jnp.clip(ratio_bt, 1.0 - eps_low, 1.0 + eps_high) * adv_bt
+    per_token = -jnp.minimum(unclipped, clipped)
+    metrics = {}
+    if kl_beta > 0.0:
+        if ref_logp_bt is None:
+            raise ValueError("kl_beta > 0 needs ref_logp_bt (log-probs of the reference policy)")
+        kl_bt = kl_k3(logp_bt, ref_logp_bt)
+        per_token = per_token + kl_beta * kl_bt
+        metrics["kl"] = jnp.sum(kl_bt * mask_bt) / jnp.maximum(jnp.sum(mask_bt), 1.0)
+    if aggregation == "seq_mean":
+        tokens_b = jnp.sum(mask_bt, axis=1)
+        per_seq = jnp.sum(per_token * mask_bt, axis=1) / jnp.maximum(tokens_b, 1.0)
+        total = jnp.sum(per_seq)
+    elif aggregation in ("token_mean", "constant"):
+        total = jnp.sum(per_token * mask_bt)
+    else:
+        raise ValueError(f"aggregation = {aggregation!r}; choose one of {list(AGGREGATIONS)}")
+    num_tokens = jnp.maximum(jnp.sum(mask_bt), 1.0)
+    # tokens whose gradient the clip removed (the min picked the clipped, constant term)
+    high = (ratio_bt > 1.0 + eps_high) & (adv_bt > 0)
+    low = (ratio_bt < 1.0 - eps_low) & (adv_bt < 0)
+    is_clipped = (high | low) & (mask_bt > 0)
+    metrics["clip_fraction"] = jnp.sum(is_clipped) / num_tokens
+    metrics["ratio_mean"] = jnp.sum(ratio_bt * mask_bt) / num_tokens
+    return total / normalizer, metrics
