@@ -1,4 +1,4 @@
-"""The ``sagc-jax`` command line: ``config``, ``simulate`` and ``replay``.
+"""The ``sagc-jax`` command line: sft, train, eval, simulate, replay and config.
 
 Every subcommand takes ``--config FILE`` and any number of ``--set section.key=value``.
 Bad input (config, paths, logs) ends with one line on stderr and exit code 2.
@@ -7,6 +7,7 @@ Bad input (config, paths, logs) ends with one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -98,12 +99,123 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return _compare_and_report(args, workload, "replay")
 
 
+def _print_summary(title: str, summary: dict, out_dir: Path) -> None:
+    plain = {k: v for k, v in summary.items() if isinstance(v, int | float | str)}
+    (out_dir / "summary.json").write_text(json.dumps(plain, indent=2) + "\n")
+    print(
+        f"{title}: "
+        + ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in plain.items()
+        )
+    )
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from flax import nnx
+
+    from sagc_jax.sampling.sampler import Sampler
+    from sagc_jax.train.data import make_source
+    from sagc_jax.train.evaluate import evaluate_policy
+    from sagc_jax.train.policy import build_model
+    from sagc_jax.train.sft import run_sft
+
+    cfg = load_config(args.config, args.overrides)
+    out_dir = _run_dir(cfg, args.config, "sft")
+    if (out_dir / "summary.json").exists() and not args.force:
+        print(f"sft: reusing the warm start in {out_dir} (--force to train it again)")
+        return 0
+    source = make_source(cfg)
+    model = build_model(cfg, source.tokenizer, seed=cfg.sft.seed)
+    graphdef, params = nnx.split(model)
+    result = run_sft(cfg, (graphdef, params, source), out_dir, progress=cfg.logging.progress)
+    sampler = Sampler(
+        graphdef,
+        model.config,
+        eos_ids=(source.tokenizer.eos_id,),
+        pad_id=source.tokenizer.pad_id,
+        keep_cache=False,
+    )
+    result.update(evaluate_policy(sampler, result.pop("params"), source, cfg))
+    _print_summary(f"sft done, wrote {out_dir}", result, out_dir)
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from sagc_jax.train.loop import Trainer
+
+    cfg = load_config(args.config, args.overrides)
+    out_dir = _run_dir(cfg, args.config, "train")
+    trainer = Trainer(cfg, out_dir)
+    if trainer.step:
+        print(f"train: resuming {out_dir} from step {trainer.step}")
+    try:
+        summary = trainer.run(progress=cfg.logging.progress)
+    finally:
+        trainer.close()
+    _print_summary(f"train done, wrote {out_dir}", summary, out_dir)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from flax import nnx
+
+    from sagc_jax.sampling.sampler import Sampler
+    from sagc_jax.train.data import make_source
+    from sagc_jax.train.evaluate import evaluate_policy
+    from sagc_jax.train.policy import build_model, build_tokenizer, load_run_params
+
+    cfg = load_config(args.config, args.overrides)
+    tokenizer = build_tokenizer(cfg) if cfg.data.task != "synthetic" else None
+    source = make_source(cfg, tokenizer)
+    model = build_model(cfg, source.tokenizer, seed=0)
+    graphdef, params = nnx.split(model)
+    params = load_run_params(args.checkpoint, params)
+    sampler = Sampler(
+        graphdef,
+        model.config,
+        eos_ids=(source.tokenizer.eos_id,),
+        pad_id=source.tokenizer.pad_id,
+        keep_cache=False,
+    )
+    result = evaluate_policy(sampler, params, source, cfg, args.num)
+    print(f"eval {args.checkpoint}: " + ", ".join(f"{k}={v:.4g}" for k, v in result.items()))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sagc-jax",
         description="JAX-native GRPO/DAPO trainer with Straggler-Aware Group Control.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "sft",
+        help="supervised warm start on task traces",
+        description="Next-token training on reference traces of the synthetic task; writes an "
+        "Orbax checkpoint into the run directory for train.init_checkpoint. An existing "
+        "finished run directory is reused unless --force.",
+    )
+    _add_common(p)
+    p.add_argument("--force", action="store_true", help="train again even if already done")
+    p.set_defaults(func=cmd_sft)
+
+    p = sub.add_parser(
+        "train",
+        help="GRPO/DAPO training with the configured group-size controller",
+        description="Each step: controller.propose -> rollout -> rewards -> advantages -> "
+        "update -> controller.observe. Writes metrics.jsonl (replayable), TensorBoard events "
+        "and Orbax checkpoints into the run directory; pointing logging.run_dir at an existing "
+        "run resumes it from its latest checkpoint.",
+    )
+    _add_common(p)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="held-out accuracy and mean completion length of a run")
+    _add_common(p)
+    p.add_argument("--checkpoint", type=Path, required=True, help="run directory to evaluate")
+    p.add_argument("--num", type=int, default=None, help="held-out prompts (train.eval_size)")
+    p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("config", help="print the resolved configuration as YAML")
     _add_common(p)

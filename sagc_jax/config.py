@@ -33,6 +33,7 @@ __all__ = [
     "MeshConfig",
     "ModelConfig",
     "SAGCConfig",
+    "SFTConfig",
     "SamplingConfig",
     "SimConfig",
     "TrainConfig",
@@ -116,6 +117,9 @@ class ModelConfig(_Section):
     _prefix = "model."
     preset: str = option("tiny", help="architecture preset (used when hf_checkpoint is unset)")
     hf_checkpoint: str | None = option(None, help="local Hugging Face model directory")
+    tokenizer: str | None = option(
+        None, help="directory with tokenizer.json (default: hf_checkpoint; synthetic task: built in)"
+    )
     param_dtype: str = option("float32", choices=("float32", "bfloat16"))
     compute_dtype: str = option("float32", choices=("float32", "bfloat16"))
     remat: bool = option(False, help="rematerialise each decoder layer in the backward pass")
@@ -209,22 +213,80 @@ class ControllerConfig(_Section):
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig(_Section):
-    """Optimisation loop."""
+    """The RL loop: batch shape, optimizer, update schedule, checkpoints and evaluation."""
 
     _prefix = "train."
     steps: int = option(100, ge=1)
+    batch_mode: str = option(
+        "prompts",
+        choices=("prompts", "budget"),
+        help="prompts: prompts_per_step x G rollouts; budget: rollout_budget / G prompts",
+    )
     prompts_per_step: int = option(8, ge=1)
+    rollout_budget: int = option(64, ge=1, help="rollouts per step in budget mode")
     learning_rate: float = option(1e-6, gt=0.0)
+    lr_schedule: str = option("constant", choices=("constant", "cosine"))
+    warmup_steps: int = option(0, ge=0, help="optimizer updates of linear warm-up")
+    weight_decay: float = option(0.0, ge=0.0)
+    max_grad_norm: float = option(1.0, ge=0.0, help="0 disables clipping")
+    adam_b1: float = option(0.9, ge=0.0, lt=1.0)
+    adam_b2: float = option(0.999, ge=0.0, lt=1.0)
+    epochs: int = option(1, ge=1, help="optimisation passes over each rollout batch")
+    minibatches: int = option(1, ge=1, help="optimizer updates per epoch")
+    microbatches: int = option(1, ge=1, help="gradient-accumulation chunks per update")
+    seed: int = option(0, ge=0)
+    checkpoint_every: int = option(25, ge=0, help="steps between checkpoints; 0: only at the end")
+    keep_checkpoints: int = option(3, ge=1)
+    eval_every: int = option(0, ge=0, help="steps between held-out evaluations; 0: start and end")
+    eval_size: int = option(128, ge=1, help="held-out prompts per evaluation")
+    compile_ahead: bool = option(False, help="compile every candidate G at start-up")
+    compilation_cache_dir: str | None = option(None, help="persistent XLA compilation cache")
+    init_checkpoint: str | None = option(
+        None, help="start from the params of this run directory (e.g. the SFT warm start)"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig(_Section):
+    """Supervised warm start on task traces (``sagc-jax sft``)."""
+
+    _prefix = "sft."
+    steps: int = option(300, ge=1)
+    batch_size: int = option(32, ge=1)
+    learning_rate: float = option(1e-3, gt=0.0)
+    warmup_steps: int = option(20, ge=0)
     seed: int = option(0, ge=0)
 
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig(_Section):
-    """Where prompts come from."""
+    """Where prompts and rewards come from."""
 
     _prefix = "data."
-    task: str = option("synthetic", help="'synthetic' or a dataset file given by path")
-    path: str | None = option(None)
+    task: str = option("synthetic", choices=("synthetic", "dataset"))
+    path: str | None = option(None, help="JSONL or Parquet of {prompt, answer} (task: dataset)")
+    eval_path: str | None = option(None, help="held-out file (task: dataset)")
+    reward: str = option("auto", help="'auto', 'synthetic', 'math' or 'module:function'")
+    reward_on_error: str = option("raise", choices=("raise", "zero"))
+    chat_template: bool = option(False, help="wrap dataset prompts in the tokenizer's template")
+    min_terms: int = option(2, ge=1, help="synthetic task: fewest terms per problem")
+    max_terms: int = option(8, ge=1)
+    min_digits: int = option(1, ge=1)
+    max_digits: int = option(1, ge=1)
+    modulus: int | None = option(None, ge=2, help="synthetic task: running sums modulo this")
+    seed: int = option(0, ge=0)
+
+    def check(self) -> None:
+        if self.min_terms > self.max_terms:
+            raise ConfigError(
+                f"data.min_terms = {self.min_terms} > data.max_terms = {self.max_terms}"
+            )
+        if self.min_digits > self.max_digits:
+            raise ConfigError(
+                f"data.min_digits = {self.min_digits} > data.max_digits = {self.max_digits}"
+            )
+        if self.task == "dataset" and not self.path:
+            raise ConfigError("data.task = 'dataset' needs data.path (a JSONL or Parquet file)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,8 +312,10 @@ class LoggingConfig(_Section):
     """Where and how a run writes its outputs."""
 
     _prefix = "logging."
-    run_dir: str | None = option(None, help="default: runs/<config name>-<timestamp>")
+    run_dir: str | None = option(None, help="default: runs/<command>-<config name>-<timestamp>")
     plots: bool = option(True)
+    tensorboard: bool = option(True)
+    progress: bool = option(True, help="progress bar on stderr")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,6 +373,7 @@ class Config(_Section):
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
     controller: ControllerConfig = dataclasses.field(default_factory=ControllerConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)

@@ -142,7 +142,7 @@ def test_replay_first_g_then_bootstrap(tmp_path):
     "line, message",
     [
         ("{not json", "log.jsonl:2: not valid JSON"),
-        ('{"step": 1}', "log.jsonl:2: missing key 'lengths'"),
+        ("[1, 2]", "log.jsonl:2: expected a JSON object"),
         ('{"lengths": [[1, 2], [3]]}', "log.jsonl:2: 'lengths' must be"),
         ('{"lengths": [[1, -2]]}', "log.jsonl:2: 'lengths' must be"),
         ('{"lengths": [[1, 2]], "prompt_tokens": "x"}', "log.jsonl:2: 'prompt_tokens'"),

@@ -72,11 +72,12 @@ class SyntheticWorkload:
 class ReplayWorkload:
     """Lengths logged by a real run, one JSON object per line (the trainer's metrics JSONL).
 
-    Each line needs ``"lengths"``: a list of groups, each a list of integer response lengths (all
-    groups of a line the same size). Optional: ``"prompt_tokens"`` (int, prompt length per
-    sequence); other keys are ignored. A controller asking for G up to the logged group size gets
-    the first G completions of every group; a larger G is filled by resampling the group's logged
-    lengths with replacement (seeded), and the step is counted in ``bootstrapped_steps``.
+    A step is a line with ``"lengths"``: a list of groups, each a list of integer response lengths
+    (all groups of a line the same size); lines without it (evaluations) are skipped. Optional:
+    ``"prompt_tokens"`` (int, prompt length per sequence); other keys are ignored. A controller
+    asking for G up to the logged group size gets the first G completions of every group; a
+    larger G is filled by resampling the group's logged lengths with replacement (seeded), and
+    the step is counted in ``bootstrapped_steps``.
     """
 
     def __init__(self, path: str | Path, seed: int = 0, default_prompt_tokens: int = 0) -> None:
@@ -96,9 +97,11 @@ class ReplayWorkload:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
                 raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
-            groups = record.get("lengths") if isinstance(record, dict) else None
-            if groups is None:
-                raise ValueError(f"{where}: missing key 'lengths' (a list of groups of lengths)")
+            if not isinstance(record, dict):
+                raise ValueError(f"{where}: expected a JSON object per line")
+            groups = record.get("lengths")
+            if groups is None:  # e.g. an evaluation-only line of the trainer's metrics
+                continue
             try:
                 arr = np.asarray(groups)
             except ValueError:
@@ -115,7 +118,7 @@ class ReplayWorkload:
             self.records.append(arr.astype(np.int64))
             self.prompt_tokens_per_step.append(prompt_tokens)
         if not self.records:
-            raise ValueError(f"{self.path}: the replay log has no records")
+            raise ValueError(f"{self.path}: the replay log has no line with 'lengths'")
         self.num_steps = len(self.records)
 
     def lengths(self, step: int, group_size: int) -> np.ndarray:

@@ -1,0 +1,391 @@
+"""The synchronous GRPO/DAPO loop with SAGC in it.
+
+Every step: ``G = controller.propose()`` -> rollout of ``prompts x G`` completions (more rounds
+with DAPO dynamic sampling) -> rewards and shaping -> group advantages -> policy update ->
+``controller.observe(lengths)`` -> metrics, checkpoint. Per-step randomness comes from
+``fold_in(root_key, step)``, prompts from the step counter and G from the controller, whose state
+is checkpointed, so a resumed run continues exactly as an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from sagc_jax.config import Config, ConfigError, to_dict
+from sagc_jax.controller import make_controller
+from sagc_jax.rl import (
+    ALGORITHMS,
+    completion_mask,
+    group_advantages,
+    informative_groups,
+    loss_normalizer,
+    overlong_penalty,
+)
+from sagc_jax.sampling.sampler import Sampler
+from sagc_jax.train.checkpoint import CheckpointStore
+from sagc_jax.train.data import make_source
+from sagc_jax.train.evaluate import evaluate_policy
+from sagc_jax.train.metrics import MetricsWriter
+from sagc_jax.train.optim import make_optimizer
+from sagc_jax.train.policy import build_model, build_tokenizer, load_run_params
+from sagc_jax.train.programs import PolicyPrograms, UpdateSettings
+from sagc_jax.train.rollout import Rollouts, generate
+
+# Keys of the config that may change when a run is resumed (the rest must match).
+RESUMABLE_CHANGES = ("train.steps", "train.checkpoint_every", "train.eval_every", "logging.")
+
+
+def prompts_for(cfg: Config, group_size: int) -> int:
+    """Prompts per step at group size G: fixed, or a fixed rollout budget divided by G."""
+    if cfg.train.batch_mode == "prompts":
+        return cfg.train.prompts_per_step
+    return cfg.train.rollout_budget // group_size
+
+
+def check_batch_shapes(cfg: Config, candidates: tuple[int, ...]) -> None:
+    """Every candidate G must give a batch the update can split into (micro)batches."""
+    t = cfg.train
+    parts = t.minibatches * t.microbatches
+    for g in candidates:
+        if t.batch_mode == "budget" and t.rollout_budget % g:
+            raise ConfigError(
+                f"train.rollout_budget = {t.rollout_budget} is not divisible by G = {g} "
+                f"(controller candidates {list(candidates)})"
+            )
+        prompts = prompts_for(cfg, g)
+        if prompts < 1 or (prompts * g) % parts:
+            raise ConfigError(
+                f"at G = {g} a step has {prompts * g} rollouts, which train.minibatches x "
+                f"train.microbatches = {parts} does not divide"
+            )
+
+
+def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two ``to_dict`` trees."""
+    keys = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys += config_differences(a, b, f"{prefix}{k}.")
+        elif a != b:
+            keys.append(f"{prefix}{k}")
+    return keys
+
+
+class Trainer:
+    """Owns the policy, optimizer, controller, programs and run directory of one RL run."""
+
+    def __init__(self, cfg: Config, run_dir: str | Path, *, log: bool = True):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        if cfg.train.compilation_cache_dir:
+            jax.config.update("jax_compilation_cache_dir", cfg.train.compilation_cache_dir)
+        self.source = make_source(
+            cfg, build_tokenizer(cfg) if cfg.data.task != "synthetic" else None
+        )
+        self.tokenizer = self.source.tokenizer
+        model = build_model(cfg, self.tokenizer, seed=cfg.train.seed)
+        self.model_config = model.config
+        self.graphdef, self.params = nnx.split(model)
+        if cfg.train.init_checkpoint:
+            self.params = load_run_params(cfg.train.init_checkpoint, self.params)
+        self.controller = make_controller(cfg.controller)
+        check_batch_shapes(cfg, self.controller.candidates)
+        t = cfg.train
+        self.tx = make_optimizer(
+            t.learning_rate,
+            total_steps=t.steps * t.epochs * t.minibatches,
+            warmup_steps=t.warmup_steps,
+            schedule=t.lr_schedule,
+            weight_decay=t.weight_decay,
+            max_grad_norm=t.max_grad_norm,
+            b1=t.adam_b1,
+            b2=t.adam_b2,
+        )
+        self.opt_state = self.tx.init(self.params)
+        self.ref_params = jax.tree.map(jnp.copy, self.params) if cfg.loss.kl_beta > 0 else None
+        aggregation, self.scale_by_std = ALGORITHMS[cfg.loss.algorithm]
+        self.settings = UpdateSettings(
+            aggregation=aggregation,
+            eps_low=cfg.loss.eps_low,
+            eps_high=cfg.loss.eps_high,
+            kl_beta=cfg.loss.kl_beta,
+            temperature=max(cfg.sampling.temperature, 1e-6),
+            epochs=t.epochs,
+            minibatches=t.minibatches,
+            microbatches=t.microbatches,
+        )
+        self.programs = PolicyPrograms(self.graphdef, self.tx)
+        eos = (self.tokenizer.eos_id,)
+        self.sampler = Sampler(
+            self.graphdef, self.model_config, eos_ids=eos, pad_id=self.tokenizer.pad_id
+        )
+        self.eval_sampler = Sampler(
+            self.graphdef,
+            self.model_config,
+            eos_ids=eos,
+            pad_id=self.tokenizer.pad_id,
+            keep_cache=False,
+        )
+        self.root_key = jax.random.key(t.seed)
+        self.step = 0
+        self.store = CheckpointStore(self.run_dir / "checkpoints", keep=t.keep_checkpoints)
+        self.writer = MetricsWriter(self.run_dir, enabled=log, tensorboard=cfg.logging.tensorboard)
+        self.last_eval: dict[str, float] = {}
+        self._resume()
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _resume(self) -> None:
+        step = self.store.latest_step()
+        if step is None:
+            return
+        meta = self.store.read_meta(step)
+        changed = [
+            k
+            for k in config_differences(meta["config"], to_dict(self.cfg))
+            if not k.startswith(RESUMABLE_CHANGES)
+        ]
+        if changed:
+            raise ConfigError(
+                f"{self.run_dir}: cannot resume, the config differs from the run's in "
+                f"{', '.join(changed[:8])}{'...' if len(changed) > 8 else ''}; use a new "
+                f"logging.run_dir or the run's own config"
+            )
+        items, meta = self.store.restore(step, {"params": self.params, "opt_state": self.opt_state})
+        self.params, self.opt_state = items["params"], items["opt_state"]
+        self.controller.load_state_dict(meta["controller"])
+        self.step = int(meta["step"])
+        self.last_eval = meta.get("last_eval", {})
+
+    def save(self) -> None:
+        meta = {
+            "step": self.step,
+            "controller": self.controller.state_dict(),
+            "config": to_dict(self.cfg),
+            "data": {"next_step": self.step},
+            "rng": np.asarray(jax.random.key_data(self.root_key)),
+            "last_eval": self.last_eval,
+            "has_opt_state": True,
+        }
+        self.store.save(self.step, {"params": self.params, "opt_state": self.opt_state}, meta)
+
+    # ------------------------------------------------------------------ one step
+
+    def _rollout(self, group_size: int, key: jax.Array) -> tuple[Rollouts, list[Rollouts], int]:
+        """The step's training batch (P groups), every round generated, and rounds used."""
+        cfg = self.cfg
+        num_prompts = prompts_for(cfg, group_size)
+        s = cfg.sampling
+        kwargs = dict(
+            max_new_tokens=s.max_new_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            buckets=s.prompt_buckets,
+            reward_on_error=cfg.data.reward_on_error,
+        )
+        rounds = []
+        kept: list[Rollouts] = []
+        kept_groups = 0
+        for round_ in range(self.source.rounds_per_step):
+            prompts = self.source.batch(self.step, round_, num_prompts)
+            r = generate(
+                self.sampler,
+                self.params,
+                self.source,
+                prompts,
+                group_size,
+                jax.random.fold_in(key, round_),
+                **kwargs,
+            )
+            rounds.append(r)
+            if not cfg.loss.dynamic_sampling:
+                return r, rounds, 1
+            informative = np.flatnonzero(
+                informative_groups(self._shaped(r).reshape(-1, group_size))
+            )
+            take = informative[: num_prompts - kept_groups]
+            if len(take):
+                kept.append(r.select_groups(take))
+                kept_groups += len(take)
+            if kept_groups == num_prompts:
+                break
+        if kept_groups < num_prompts:  # fill with zero-advantage groups to keep the shape
+            first = rounds[0]
+            spare = np.setdiff1d(
+                np.arange(num_prompts),
+                np.flatnonzero(informative_groups(self._shaped(first).reshape(-1, group_size))),
+            )
+            kept.append(first.select_groups(spare[: num_prompts - kept_groups]))
+        return Rollouts.concat(kept), rounds, len(rounds)
+
+    def _shaped(self, r: Rollouts) -> np.ndarray:
+        """Rewards after DAPO overlong shaping, float32 [N]."""
+        loss = self.cfg.loss
+        return r.rewards + overlong_penalty(
+            r.lengths,
+            self.cfg.sampling.max_new_tokens,
+            loss.overlong_buffer,
+            loss.overlong_penalty,
+        )
+
+    def train_step(self) -> dict[str, Any]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        g = self.controller.propose()
+        key = jax.random.fold_in(self.root_key, self.step)
+        rollout_key, update_key = jax.random.split(key)
+        batch, rounds, used_rounds = self._rollout(g, rollout_key)
+        t_rollout = time.perf_counter() - t0
+
+        rewards = self._shaped(batch)
+        num_groups = len(batch.prompts)
+        group_ids = np.repeat(np.arange(num_groups), g)
+        adv, stats = group_advantages(
+            rewards, group_ids, num_groups, scale_by_std=self.scale_by_std
+        )
+        mask = completion_mask(
+            batch.lengths,
+            batch.completion.shape[1],
+            batch.truncated if cfg.loss.mask_truncated else None,
+        )
+        update_batch = {
+            "prompt_ids": batch.prompt_ids,
+            "prompt_lens": batch.prompt_lens,
+            "completion": batch.completion,
+            "old_logp": batch.logprobs,
+            "mask": mask,
+            "adv": np.asarray(adv),
+            "normalizer": loss_normalizer(
+                mask, self.settings.aggregation, cfg.sampling.max_new_tokens
+            ),
+        }
+        t1 = time.perf_counter()
+        self.params, self.opt_state, upd = self.programs.update(
+            self.params, self.opt_state, update_batch, update_key, self.settings, self.ref_params
+        )
+        upd = {k: float(v) for k, v in jax.device_get(upd).items()}
+        t_update = time.perf_counter() - t1
+
+        all_rounds = Rollouts.concat(rounds)
+        ctrl = self.controller.observe(all_rounds.lengths_pg)
+        self.step += 1
+        total = time.perf_counter() - t0
+        generated = int(all_rounds.lengths.sum())
+        lengths = all_rounds.lengths
+        record = {
+            "reward": float(rewards.mean()),
+            "reward_raw": float(batch.rewards.mean()),
+            "accuracy": float(np.mean(all_rounds.rewards >= 1.0)),
+            "length/mean": float(lengths.mean()),
+            "length/max": int(lengths.max()),
+            "length/min": int(lengths.min()),
+            "length/median": float(np.median(lengths)),
+            "truncated_frac": float(all_rounds.truncated.mean()),
+            "group_size": g,
+            "prompts": num_groups,
+            "rounds": used_rounds,
+            "zero_variance_frac": float(np.mean(np.asarray(stats["zero_variance_p"]))),
+            "controller/lambda": ctrl.get("lambda", 0.0),
+            "controller/s_t": ctrl["s_t"],
+            "controller/straggler_rate": ctrl["straggler_rate"],
+            "controller/max_ratio": ctrl["max_ratio"],
+            "controller/posterior_mean": ctrl.get("posterior_mean"),
+            "padding_waste": ctrl["padding_waste"],
+            "decode_steps": all_rounds.decode_steps,
+            "time/rollout_s": t_rollout,
+            "time/update_s": t_update,
+            "time/step_s": total,
+            "throughput/rollout_tokens_per_s": generated / max(t_rollout, 1e-9),
+            "throughput/tokens_per_s": generated / max(total, 1e-9),
+            "compiles/sampler": self.sampler.num_traces,
+            "compiles/update": self.programs.compiled_programs()["update"],
+            **{f"update/{k}": v for k, v in upd.items()},
+            "group_ratios": ctrl["group_ratios"],
+            "lengths": all_rounds.lengths_pg,
+            "prompt_tokens": int(batch.prompt_lens.mean()),
+        }
+        if record["controller/posterior_mean"] is None:
+            del record["controller/posterior_mean"]
+        if upd.get("skipped", 0) > 0:
+            record["warning"] = "non-finite loss or gradient: update skipped"
+        return record
+
+    # ------------------------------------------------------------------ evaluation
+
+    def evaluate(self, num: int | None = None) -> dict[str, float]:
+        """Greedy held-out accuracy and mean completion length of the current policy."""
+        return evaluate_policy(self.eval_sampler, self.params, self.source, self.cfg, num)
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self, progress: bool = True) -> dict[str, Any]:
+        """Train until ``train.steps``; returns a summary of the run."""
+        cfg = self.cfg
+        total_steps = cfg.train.steps
+        every_eval = cfg.train.eval_every
+        every_ckpt = cfg.train.checkpoint_every
+        history = {"s_t": [], "group_size": [], "step_s": [], "rollout_s": []}
+        start_step = self.step
+        if self.step == 0:
+            self.last_eval = self.evaluate()
+            self.writer.write(0, self.last_eval)
+            self.initial_eval = dict(self.last_eval)
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(
+                total=total_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True
+            )
+        t_start = time.perf_counter()
+        while self.step < total_steps:
+            record = self.train_step()
+            history["s_t"].append(record["controller/s_t"])
+            history["group_size"].append(record["group_size"])
+            history["step_s"].append(record["time/step_s"])
+            history["rollout_s"].append(record["time/rollout_s"])
+            if every_eval and self.step % every_eval == 0 and self.step < total_steps:
+                self.last_eval = self.evaluate()
+                record.update(self.last_eval)
+            if self.step == total_steps:
+                self.last_eval = self.evaluate()
+                record.update(self.last_eval)
+            self.writer.write(self.step, record, self.controller.candidates)
+            if bar is not None:
+                bar.set_postfix(
+                    G=record["group_size"],
+                    reward=f"{record['reward']:.2f}",
+                    strag=f"{self.controller.straggler_sum / self.controller.step:.2f}",
+                )
+                bar.update(1)
+            if (every_ckpt and self.step % every_ckpt == 0) or self.step == total_steps:
+                self.save()
+        if bar is not None:
+            bar.close()
+        self.store.wait()
+        wall = time.perf_counter() - t_start
+        steps_run = self.step - start_step
+        return {
+            "steps": self.step,
+            "steps_run": steps_run,
+            "wall_clock_s": wall,
+            "straggler_rate": float(np.mean(history["s_t"])) if steps_run else math.nan,
+            "mean_group_size": float(np.mean(history["group_size"])) if steps_run else math.nan,
+            "rollout_share": (sum(history["rollout_s"]) / max(sum(history["step_s"]), 1e-9)),
+            **self.last_eval,
+        }
+
+    def close(self) -> None:
+        self.store.wait()
+        self.store.close()
+        self.writer.close()

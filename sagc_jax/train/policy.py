@@ -1,0 +1,71 @@
+"""Build the policy (model, tokenizer) a run trains, from a preset, a Hugging Face checkpoint or
+the parameters of an earlier run (the SFT warm start)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+from flax import nnx
+
+from sagc_jax.config import Config, ConfigError
+from sagc_jax.models import Decoder, DecoderConfig, Tokenizer, get_preset, load_hf_checkpoint
+from sagc_jax.tasks import CharTokenizer
+from sagc_jax.train.checkpoint import CheckpointStore
+
+
+def build_tokenizer(cfg: Config):
+    if cfg.data.task == "synthetic":
+        if cfg.model.hf_checkpoint:
+            raise ConfigError(
+                "data.task = 'synthetic' uses its own character tokenizer with a preset model; "
+                "unset model.hf_checkpoint or use data.task = 'dataset'"
+            )
+        return CharTokenizer()
+    path = cfg.model.tokenizer or cfg.model.hf_checkpoint
+    if not path:
+        raise ConfigError(
+            "data.task = 'dataset' needs a tokenizer: set model.hf_checkpoint or model.tokenizer"
+        )
+    if not (Path(path) / "tokenizer.json").is_file():
+        raise ConfigError(f"{path}: no tokenizer.json there (model.tokenizer / hf_checkpoint)")
+    return Tokenizer.from_dir(path)
+
+
+def build_model(cfg: Config, tokenizer, seed: int) -> Decoder:
+    """A fresh model: HF weights when model.hf_checkpoint is set, else a random preset."""
+    m = cfg.model
+    if m.hf_checkpoint:
+        model, _ = load_hf_checkpoint(m.hf_checkpoint, dtype=m.param_dtype)
+        return model
+    try:
+        arch: DecoderConfig = get_preset(m.preset)
+    except (KeyError, ValueError) as err:
+        raise ConfigError(f"model.preset = {m.preset!r}: {err}") from None
+    arch = arch.replace(
+        param_dtype=m.param_dtype,
+        compute_dtype=m.compute_dtype,
+        remat=m.remat,
+        bos_id=tokenizer.bos_id,
+        eos_ids=(tokenizer.eos_id,) if tokenizer.eos_id is not None else arch.eos_ids,
+    )
+    if isinstance(tokenizer, CharTokenizer):  # a small vocab keeps the CPU demo fast
+        arch = arch.replace(vocab_size=tokenizer.vocab_size)
+    return Decoder(arch, rngs=nnx.Rngs(seed))
+
+
+def load_run_params(run_dir: str | Path, params):
+    """The parameters of the latest checkpoint of another run (shaped like ``params``)."""
+    ckpt_dir = Path(run_dir) / "checkpoints"
+    if not ckpt_dir.is_dir():
+        raise ConfigError(f"{run_dir}: no checkpoints/ directory (train.init_checkpoint)")
+    store = CheckpointStore(ckpt_dir)
+    step = store.latest_step()
+    if step is None:
+        raise ConfigError(f"{ckpt_dir}: no complete checkpoint (train.init_checkpoint)")
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+    try:
+        items, _ = store.restore(step, {"params": target})
+    finally:
+        store.close()
+    return items["params"]

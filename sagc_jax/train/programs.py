@@ -1,0 +1,178 @@
+"""The compiled programs of a GRPO step: completion log-probs and the policy update.
+
+Both are jitted once per input shape. The rollout batch of a step has ``prompts x G`` rows, so
+each candidate G gets its own program, compiled on first use (or ahead of time) and reused from
+the jit cache afterwards: changing G never recompiles after warm-up. ``compiled_programs()``
+reports the cache sizes so tests and logs can catch recompiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from sagc_jax.rl import policy_loss
+
+
+def completion_logprobs(model, prompt_ids_bt, prompt_lens_b, completion_bt, temperature):
+    """float32 [B, L]: log p(completion token j | prompt, earlier completion tokens).
+
+    prompt_ids_bt: int32 [B, P] left-padded prompts (row b's prompt in its last prompt_lens_b[b]
+    columns); completion_bt: int32 [B, L]. Log-probs are taken at ``temperature``, as the sampler
+    reports them, so a freshly sampled batch has ratio 1 up to float error.
+    """
+    p = prompt_ids_bt.shape[1]
+    tokens_bt = jnp.concatenate([prompt_ids_bt, completion_bt], axis=1)
+    real_prompt_bt = jnp.arange(p)[None, :] >= (p - prompt_lens_b)[:, None]
+    real_bt = jnp.concatenate([real_prompt_bt, jnp.ones_like(completion_bt, jnp.bool_)], axis=1)
+    logits_btv = model(tokens_bt, mask_bt=real_bt)[:, p - 1 : -1]
+    logp_btv = jax.nn.log_softmax(logits_btv / temperature, axis=-1)
+    return jnp.take_along_axis(logp_btv, completion_bt[..., None], axis=-1)[..., 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateSettings:
+    """Static settings of the update program (hashable: part of the jit cache key)."""
+
+    aggregation: str
+    eps_low: float
+    eps_high: float
+    kl_beta: float
+    temperature: float
+    epochs: int = 1
+    minibatches: int = 1
+    microbatches: int = 1
+
+
+class PolicyPrograms:
+    """Holds the model's graphdef, the optimizer and the jitted programs."""
+
+    def __init__(self, graphdef: nnx.GraphDef, tx: optax.GradientTransformation):
+        self.graphdef = graphdef
+        self.tx = tx
+        self._update = jax.jit(
+            self._update_impl,
+            static_argnames=("settings",),
+            donate_argnames=("params", "opt_state"),
+        )
+        self._logprobs = jax.jit(self._logprobs_impl)
+        # Python side effects in the traced functions count traces of *this* instance (a jit
+        # cache of a method is shared by every instance of the class).
+        self.traces = {"update": 0, "logprobs": 0}
+
+    def compiled_programs(self) -> dict[str, int]:
+        """Programs traced (each one compiled) so far, per program of this instance."""
+        return dict(self.traces)
+
+    def logprobs(self, params, prompt_ids_bt, prompt_lens_b, completion_bt, temperature):
+        return self._logprobs(
+            params, prompt_ids_bt, prompt_lens_b, completion_bt, jnp.float32(temperature)
+        )
+
+    def _logprobs_impl(self, params, prompt_ids_bt, prompt_lens_b, completion_bt, temperature):
+        self.traces["logprobs"] += 1
+        model = nnx.merge(self.graphdef, params)
+        return completion_logprobs(model, prompt_ids_bt, prompt_lens_b, completion_bt, temperature)
+
+    def update(
+        self, params, opt_state, batch: dict, key, settings: UpdateSettings, ref_params=None
+    ):
+        """Runs ``epochs x minibatches`` optimizer updates on one rollout batch.
+
+        batch: prompt_ids [N, P], prompt_lens [N], completion [N, L], old_logp [N, L] (rollout
+        time), mask [N, L], adv [N], normalizer [] (whole-batch loss denominator). N must divide
+        by minibatches x microbatches. Returns (params, opt_state, metrics averaged over updates);
+        an update whose loss or gradient is not finite is skipped and counted in ``skipped``.
+        """
+        return self._update(params, opt_state, ref_params, batch, key, settings=settings)
+
+    def _update_impl(self, params, opt_state, ref_params, batch, key, *, settings: UpdateSettings):
+        self.traces["update"] += 1
+        n = batch["adv"].shape[0]
+        mb, micro = settings.minibatches, settings.microbatches
+        mb_rows, micro_rows = n // mb, n // (mb * micro)
+        # Every mini-batch is normalised by its share of the whole-batch denominator, so the
+        # objective of one optimizer update is the full-batch loss restricted to its rows.
+        normalizer = batch["normalizer"] / mb
+
+        def loss_fn(p, rows):
+            model = nnx.merge(self.graphdef, p)
+            logp = completion_logprobs(
+                model,
+                rows["prompt_ids"],
+                rows["prompt_lens"],
+                rows["completion"],
+                settings.temperature,
+            )
+            ref_logp = None
+            if settings.kl_beta > 0:
+                ref_model = nnx.merge(self.graphdef, ref_params)
+                ref_logp = jax.lax.stop_gradient(
+                    completion_logprobs(
+                        ref_model,
+                        rows["prompt_ids"],
+                        rows["prompt_lens"],
+                        rows["completion"],
+                        settings.temperature,
+                    )
+                )
+            loss, metrics = policy_loss(
+                logp,
+                rows["old_logp"],
+                rows["adv"],
+                rows["mask"],
+                normalizer,
+                aggregation=settings.aggregation,
+                eps_low=settings.eps_low,
+                eps_high=settings.eps_high,
+                kl_beta=settings.kl_beta,
+                ref_logp_bt=ref_logp,
+            )
+            return loss, metrics
+
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+        per_row = {k: v for k, v in batch.items() if k != "normalizer"}
+
+        def one_update(carry, idx_r):
+            params, opt_state = carry
+            rows = jax.tree.map(lambda x: x[idx_r], per_row)
+            micro_rows_ = jax.tree.map(lambda x: x.reshape(micro, micro_rows, *x.shape[1:]), rows)
+
+            def accumulate(acc, chunk):
+                (loss, metrics), grads = grad_fn(params, chunk)
+                return jax.tree.map(jnp.add, acc, (loss, metrics, grads)), None
+
+            (loss, metrics), grads = grad_fn(params, jax.tree.map(lambda x: x[0], micro_rows_))
+            if micro > 1:
+                rest = jax.tree.map(lambda x: x[1:], micro_rows_)
+                (loss, metrics, grads), _ = jax.lax.scan(accumulate, (loss, metrics, grads), rest)
+            metrics = jax.tree.map(lambda m: m / micro, metrics)  # per-token means: average
+            grad_norm = optax.tree.norm(grads)
+            finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+            updates, new_opt_state = self.tx.update(grads, opt_state, params)
+            new_params = optax.apply_updates(params, updates)
+            keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+            params = jax.tree.map(keep, new_params, params)
+            opt_state = jax.tree.map(keep, new_opt_state, opt_state)
+            out = {
+                "loss": loss,
+                "grad_norm": grad_norm,
+                "skipped": (~finite).astype(jnp.float32),
+                **metrics,
+            }
+            return (params, opt_state), out
+
+        order = jnp.concatenate(
+            [
+                jax.random.permutation(jax.random.fold_in(key, epoch), n)
+                for epoch in range(settings.epochs)
+            ]
+        ).reshape(settings.epochs * mb, mb_rows)
+        (params, opt_state), per_update = jax.lax.scan(one_update, (params, opt_state), order)
+        metrics = jax.tree.map(jnp.mean, per_update)
+        metrics["skipped"] = jnp.sum(per_update["skipped"])
+        return params, opt_state, metrics

@@ -1,0 +1,140 @@
+"""One rollout round on the host side: prompts -> tokens -> sampler -> text -> rewards.
+
+The batch holds every prompt repeated G times consecutively (row r belongs to group r // G), so
+its shape, and therefore the compiled sampler program, depends only on (prompts x G, prompt
+bucket, max_new_tokens).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from sagc_jax.sampling.padding import left_pad
+from sagc_jax.tasks import score_batch
+from sagc_jax.train.data import Prompt
+
+
+@dataclasses.dataclass
+class Rollouts:
+    """A round of ``P x G`` completions (numpy, host memory; row r is in group r // G)."""
+
+    prompts: list[Prompt]  # [P]
+    group_size: int
+    prompt_ids: np.ndarray  # int32 [N, bucket], left-padded
+    prompt_lens: np.ndarray  # int32 [N]
+    completion: np.ndarray  # int32 [N, L]
+    logprobs: np.ndarray  # float32 [N, L] at rollout time
+    lengths: np.ndarray  # int32 [N], EOS included
+    truncated: np.ndarray  # bool [N]
+    texts: list[str]  # [N]
+    rewards: np.ndarray  # float32 [N], before shaping
+    failed_rows: tuple[int, ...] = ()
+    decode_steps: int = 0
+
+    @property
+    def lengths_pg(self) -> np.ndarray:
+        return self.lengths.reshape(-1, self.group_size)
+
+    @property
+    def rewards_pg(self) -> np.ndarray:
+        return self.rewards.reshape(-1, self.group_size)
+
+    def select_groups(self, keep_p: np.ndarray) -> Rollouts:
+        """The rollouts of the groups whose index is in ``keep_p`` (in that order)."""
+        rows = (np.asarray(keep_p)[:, None] * self.group_size + np.arange(self.group_size)).ravel()
+        return dataclasses.replace(
+            self,
+            prompts=[self.prompts[p] for p in keep_p],
+            prompt_ids=self.prompt_ids[rows],
+            prompt_lens=self.prompt_lens[rows],
+            completion=self.completion[rows],
+            logprobs=self.logprobs[rows],
+            lengths=self.lengths[rows],
+            truncated=self.truncated[rows],
+            texts=[self.texts[r] for r in rows],
+            rewards=self.rewards[rows],
+            failed_rows=(),
+        )
+
+    @staticmethod
+    def concat(parts: list[Rollouts]) -> Rollouts:
+        """Rows of several rounds with the same G and prompt width, in order."""
+        if len(parts) == 1:
+            return parts[0]
+        cat = lambda name: np.concatenate([getattr(p, name) for p in parts])  # noqa: E731
+        return dataclasses.replace(
+            parts[0],
+            prompts=[q for p in parts for q in p.prompts],
+            prompt_ids=cat("prompt_ids"),
+            prompt_lens=cat("prompt_lens"),
+            completion=cat("completion"),
+            logprobs=cat("logprobs"),
+            lengths=cat("lengths"),
+            truncated=cat("truncated"),
+            texts=[t for p in parts for t in p.texts],
+            rewards=cat("rewards"),
+            failed_rows=(),
+            decode_steps=sum(p.decode_steps for p in parts),
+        )
+
+
+def generate(
+    sampler,
+    params,
+    source,
+    prompts: list[Prompt],
+    group_size: int,
+    key: jax.Array,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    buckets: tuple[int, ...],
+    reward_on_error: str = "raise",
+) -> Rollouts:
+    """Sample G completions for every prompt and score them with the source's reward."""
+    encoded = [source.encode(p) for p in prompts]
+    ids_pt, lens_p = left_pad(encoded, source.tokenizer.pad_id, buckets)
+    prompt_ids = np.repeat(ids_pt, group_size, axis=0)
+    prompt_lens = np.repeat(lens_p, group_size, axis=0)
+    out = sampler(
+        params,
+        prompt_ids,
+        prompt_lens,
+        key,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+    )
+    out = jax.device_get(out)
+    completion = np.asarray(out.tokens_bt)
+    lengths = np.asarray(out.lengths_b)
+    eos = source.tokenizer.eos_id
+    texts = []
+    for row, n in zip(completion, lengths, strict=True):
+        ids = row[:n].tolist()
+        if ids and ids[-1] == eos:
+            ids = ids[:-1]
+        texts.append(source.tokenizer.decode(ids))
+    texts_prompts = [p.text for p in prompts for _ in range(group_size)]
+    answers = [p.answer for p in prompts for _ in range(group_size)]
+    scored = score_batch(source.reward_fn, texts_prompts, texts, answers, on_error=reward_on_error)
+    return Rollouts(
+        prompts=list(prompts),
+        group_size=group_size,
+        prompt_ids=prompt_ids,
+        prompt_lens=prompt_lens,
+        completion=completion,
+        logprobs=np.asarray(out.logprobs_bt),
+        lengths=lengths,
+        truncated=np.asarray(out.truncated_b),
+        texts=texts,
+        rewards=scored.rewards,
+        failed_rows=scored.failed,
+        decode_steps=int(out.num_decode_steps),
+    )

@@ -1,0 +1,206 @@
+"""The trainer end to end on a tiny model: per-G compilation, exact resume, logs, commands."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from sagc_jax.cli import main
+from sagc_jax.config import load_config
+from sagc_jax.controller import GroupController
+from sagc_jax.sim import ReplayWorkload
+from sagc_jax.train.loop import Trainer
+
+TINY = [
+    "model.preset=tiny",
+    "sampling.max_new_tokens=12",
+    "sampling.prompt_buckets=[16]",
+    "data.max_terms=4",
+    "train.prompts_per_step=2",
+    "train.learning_rate=1e-3",
+    "train.eval_size=4",
+    "logging.progress=false",
+    "controller.sagc.candidates=[2,4]",
+]
+
+
+class CyclingController(GroupController):
+    """Visits the candidates in a fixed cycle (drives the compile-count test)."""
+
+    def __init__(self, candidates):
+        super().__init__(tuple(candidates), tau=3.0, scope="group")
+        self.order = [g for _ in range(3) for g in candidates]
+
+    def _decide(self):
+        return self.order[self.step % len(self.order)]
+
+    def _learn(self, group_size, s_t):
+        return {}
+
+
+def test_one_program_per_candidate(tmp_path):
+    cfg = load_config(None, [*TINY, "train.steps=6", "logging.tensorboard=false"])
+    trainer = Trainer(cfg, tmp_path / "run")
+    trainer.controller = CyclingController((2, 4))
+    trainer.run(progress=False)
+    trainer.close()
+    assert trainer.controller.steps_per_candidate.tolist() == [3, 3]
+    assert trainer.sampler.num_traces == 2
+    assert trainer.programs.compiled_programs()["update"] == 2
+
+
+def params_of(trainer):
+    return [np.asarray(x) for x in jax.tree.leaves(trainer.params)]
+
+
+def test_resume_continues_exactly(tmp_path):
+    overrides = [*TINY, "train.steps=4", "train.checkpoint_every=2", "logging.tensorboard=false"]
+    straight = Trainer(load_config(None, overrides), tmp_path / "straight")
+    straight.run(progress=False)
+    straight.close()
+
+    first = Trainer(
+        load_config(None, [*overrides[:-2], "train.steps=2", "logging.tensorboard=false"]),
+        tmp_path / "resumed",
+    )
+    first.run(progress=False)
+    first.close()
+    second = Trainer(load_config(None, overrides), tmp_path / "resumed")
+    assert second.step == 2
+    second.run(progress=False)
+    second.close()
+
+    for a, b in zip(params_of(straight), params_of(second), strict=True):
+        np.testing.assert_array_equal(a, b)
+    sa, sb = straight.controller.state_dict(), second.controller.state_dict()
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        np.testing.assert_array_equal(sa[key], sb[key], err_msg=key)
+
+
+def test_resume_with_a_different_config_is_refused(tmp_path, capsys):
+    run = tmp_path / "run"
+    args = [
+        "train",
+        *[a for o in TINY for a in ("--set", o)],
+        "--set",
+        "train.steps=1",
+        "--set",
+        f"logging.run_dir={run}",
+    ]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main([*args, "--set", "loss.eps_high=0.28"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot resume" in err and "loss.eps_high" in err and err.count("\n") == 1
+
+
+def test_train_command_writes_replayable_metrics_and_tensorboard(tmp_path, capsys):
+    run = tmp_path / "run"
+    args = [
+        "train",
+        *[a for o in TINY for a in ("--set", o)],
+        "--set",
+        "train.steps=3",
+        "--set",
+        f"logging.run_dir={run}",
+    ]
+    assert main(args) == 0
+    assert "train done" in capsys.readouterr().out
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if "group_size" in x]
+    assert len(steps) == 3
+    for key in (
+        "reward",
+        "accuracy",
+        "length/mean",
+        "controller/lambda",
+        "controller/s_t",
+        "controller/posterior_mean",
+        "group_ratios",
+        "padding_waste",
+        "time/rollout_s",
+        "time/update_s",
+        "time/step_s",
+        "throughput/tokens_per_s",
+        "compiles/sampler",
+    ):
+        assert key in steps[-1], key
+    assert "eval/accuracy" in lines[0] and "eval/accuracy" in steps[-1]
+    assert ReplayWorkload(run / "metrics.jsonl").num_steps == 3
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert json.loads((run / "summary.json").read_text())["steps"] == 3
+
+
+def test_sft_then_train_from_the_warm_start(tmp_path, capsys):
+    sft_dir = tmp_path / "sft"
+    common = [a for o in TINY for a in ("--set", o)]
+    assert (
+        main(
+            [
+                "sft",
+                *common,
+                "--set",
+                "sft.steps=3",
+                "--set",
+                "sft.batch_size=4",
+                "--set",
+                f"logging.run_dir={sft_dir}",
+            ]
+        )
+        == 0
+    )
+    assert "sft done" in capsys.readouterr().out
+    assert main(["sft", *common, "--set", f"logging.run_dir={sft_dir}"]) == 0
+    assert "reusing" in capsys.readouterr().out
+    assert main(["eval", *common, "--checkpoint", str(sft_dir)]) == 0
+    assert "eval/accuracy=" in capsys.readouterr().out
+
+    cfg = load_config(
+        None,
+        [*TINY, "train.steps=1", f"train.init_checkpoint={sft_dir}", "logging.tensorboard=false"],
+    )
+    trainer = Trainer(cfg, tmp_path / "rl")
+    from sagc_jax.train.policy import load_run_params
+
+    warm = load_run_params(sft_dir, trainer.params)
+    for a, b in zip(jax.tree.leaves(warm), jax.tree.leaves(trainer.params), strict=True):
+        np.testing.assert_array_equal(a, b)
+    trainer.close()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["train.batch_mode=budget", "train.rollout_budget=8"],
+        [
+            "loss.algorithm=dapo",
+            "loss.dynamic_sampling=true",
+            "loss.max_sampling_rounds=2",
+            "loss.eps_high=0.28",
+            "loss.overlong_buffer=4",
+            "loss.mask_truncated=true",
+        ],
+        ["loss.algorithm=dr_grpo", "loss.kl_beta=0.05", "train.minibatches=2", "train.epochs=2"],
+    ],
+)
+def test_variants_run(tmp_path, extra):
+    cfg = load_config(None, [*TINY, "train.steps=2", "logging.tensorboard=false", *extra])
+    trainer = Trainer(cfg, tmp_path / "run")
+    summary = trainer.run(progress=False)
+    trainer.close()
+    assert summary["steps"] == 2 and np.isfinite(summary["eval/accuracy"])
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [x for x in lines if "group_size" in x]
+    if "train.batch_mode=budget" in extra:
+        assert all(r["prompts"] * r["group_size"] == 8 for r in rows)
+    assert all(r["update/skipped"] == 0 for r in rows)
+
+
+def test_bad_batch_shapes_are_rejected():
+    from sagc_jax.config import ConfigError
+
+    cfg = load_config(None, [*TINY, "train.batch_mode=budget", "train.rollout_budget=6"])
+    with pytest.raises(ConfigError, match="rollout_budget = 6 is not divisible by G = 4"):
+        Trainer(cfg, "/nonexistent/never-created")
