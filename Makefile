@@ -13,8 +13,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# The main job. Until the trainer lands it is the simulator study of the calibrated workload.
+# The main job: the CPU demo. The SFT warm start is reused when runs/demo/sft already has it;
+# every GRPO run gets a fresh directory (point logging.run_dir at an old one to resume it).
+DEMO := configs/demo.yaml
 train: $(STAMP)
+	$(VENV)/bin/sagc-jax sft --config $(DEMO) --set logging.run_dir=runs/demo/sft
+	$(VENV)/bin/sagc-jax train --config $(DEMO) --set train.init_checkpoint=runs/demo/sft \
+		--set logging.run_dir=runs/demo/grpo-sagc-$$(date +%Y%m%d-%H%M%S)
+
+# The simulator study of the calibrated workload (no model, a few seconds).
+simulate: $(STAMP)
 	$(VENV)/bin/sagc-jax simulate --config configs/sim/reasoning_drift.yaml
 
 test: $(STAMP)

@@ -118,7 +118,8 @@ class ModelConfig(_Section):
     preset: str = option("tiny", help="architecture preset (used when hf_checkpoint is unset)")
     hf_checkpoint: str | None = option(None, help="local Hugging Face model directory")
     tokenizer: str | None = option(
-        None, help="directory with tokenizer.json (default: hf_checkpoint; synthetic task: built in)"
+        None,
+        help="directory with tokenizer.json (default: hf_checkpoint; synthetic task: built in)",
     )
     param_dtype: str = option("float32", choices=("float32", "bfloat16"))
     compute_dtype: str = option("float32", choices=("float32", "bfloat16"))
@@ -256,6 +257,13 @@ class SFTConfig(_Section):
     learning_rate: float = option(1e-3, gt=0.0)
     warmup_steps: int = option(20, ge=0)
     seed: int = option(0, ge=0)
+    ramble_fraction: float = option(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        help="share of traces that never conclude (repeat the last sum up to "
+        "sampling.max_new_tokens): a deliberately imperfect warm start that RL must fix",
+    )
 
 
 @dataclasses.dataclass(frozen=True)

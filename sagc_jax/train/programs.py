@@ -90,6 +90,13 @@ class PolicyPrograms:
         """
         return self._update(params, opt_state, ref_params, batch, key, settings=settings)
 
+    def compile_update(
+        self, params, opt_state, batch, key, settings: UpdateSettings, ref_params=None
+    ) -> None:
+        """Compile the update for ``batch``'s shapes ahead of time (arrays or ShapeDtypeStructs);
+        the next call with those shapes reuses the executable."""
+        self._update.lower(params, opt_state, ref_params, batch, key, settings=settings).compile()
+
     def _update_impl(self, params, opt_state, ref_params, batch, key, *, settings: UpdateSettings):
         self.traces["update"] += 1
         n = batch["adv"].shape[0]

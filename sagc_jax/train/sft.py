@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
@@ -31,6 +32,31 @@ def sft_loss(model, tokens_bt, loss_mask_bt):
     return -jnp.sum(logp_bt * mask_bt) / jnp.maximum(jnp.sum(mask_bt), 1.0)
 
 
+def ramble(trace: str, length: int) -> str:
+    """A trace that never concludes: its running sums, then the last one repeated until
+    ``length`` characters, and no ``#answer``."""
+    sums = trace.split("#", 1)[0]
+    last = sums.rsplit(">", 1)[-1]
+    out = sums
+    while len(out) < length:
+        out += ">" + last
+    return out[:length]
+
+
+def sft_batch(cfg: Config, source, step: int, width: int):
+    """Tokens and loss mask [B, width] of SFT step ``step``; rambling rows get no EOS target."""
+    s = cfg.sft
+    pairs = source.sft_pairs(s.batch_size, start=(s.seed * s.steps + step) * s.batch_size)
+    rng = np.random.default_rng([s.seed, step])
+    rambles = rng.random(len(pairs)) < s.ramble_fraction
+    max_new = cfg.sampling.max_new_tokens
+    pairs = [(p, ramble(c, max_new) if r else c) for (p, c), r in zip(pairs, rambles, strict=True)]
+    tokens_bt, mask_bt = encode_sft_batch(source.tokenizer, pairs, width)
+    for b in np.flatnonzero(rambles):  # never learn to stop a rambling completion
+        mask_bt[b, np.flatnonzero(mask_bt[b])[-1]] = 0.0
+    return tokens_bt, mask_bt
+
+
 def run_sft(cfg: Config, trainer_parts, run_dir: Path, progress: bool = True) -> dict:
     """Train ``trainer_parts`` = (graphdef, params, source) on ``cfg.sft.steps`` batches of
     traces; save the params under ``run_dir/checkpoints``. Returns a summary."""
@@ -42,7 +68,10 @@ def run_sft(cfg: Config, trainer_parts, run_dir: Path, progress: bool = True) ->
         s.learning_rate, total_steps=s.steps, warmup_steps=s.warmup_steps, schedule="cosine"
     )
     opt_state = tx.init(params)
-    width = 1 + source.task.max_prompt_chars() + source.task.max_completion_chars() + 1
+    completion = source.task.max_completion_chars()
+    if s.ramble_fraction > 0:
+        completion = max(completion, cfg.sampling.max_new_tokens)
+    width = 1 + source.task.max_prompt_chars() + completion + 1
 
     @jax.jit
     def step_fn(params, opt_state, tokens_bt, mask_bt):
@@ -61,8 +90,7 @@ def run_sft(cfg: Config, trainer_parts, run_dir: Path, progress: bool = True) ->
     t0 = time.perf_counter()
     loss = float("nan")
     for step in range(s.steps):
-        pairs = source.sft_pairs(s.batch_size, start=(s.seed * s.steps + step) * s.batch_size)
-        tokens_bt, mask_bt = encode_sft_batch(source.tokenizer, pairs, width)
+        tokens_bt, mask_bt = sft_batch(cfg, source, step, width)
         params, opt_state, loss_ = step_fn(params, opt_state, tokens_bt, mask_bt)
         if bar is not None and (step % 10 == 0 or step == s.steps - 1):
             loss = float(loss_)
