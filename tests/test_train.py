@@ -50,6 +50,22 @@ def test_one_program_per_candidate(tmp_path):
     assert trainer.programs.compiled_programs()["update"] == 2
 
 
+def test_compile_ahead_compiles_every_candidate_once(tmp_path, capsys):
+    cfg = load_config(
+        None, [*TINY, "train.steps=4", "logging.tensorboard=false", "train.compile_ahead=true"]
+    )
+    trainer = Trainer(cfg, tmp_path / "run")
+    trainer.controller = CyclingController((2, 4))
+    trainer.compile_ahead()
+    assert "compiled G=2" in capsys.readouterr().out
+    assert trainer.sampler.num_traces == 2
+    assert trainer.programs.compiled_programs()["update"] == 2
+    trainer.run(progress=False)  # compile_ahead runs again: nothing new is traced
+    trainer.close()
+    assert trainer.sampler.num_traces == 2
+    assert trainer.programs.compiled_programs()["update"] == 2
+
+
 def params_of(trainer):
     return [np.asarray(x) for x in jax.tree.leaves(trainer.params)]
 

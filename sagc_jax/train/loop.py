@@ -178,6 +178,39 @@ class Trainer:
         }
         self.store.save(self.step, {"params": self.params, "opt_state": self.opt_state}, meta)
 
+    # ------------------------------------------------------------------ compilation
+
+    def compile_ahead(self, log=print) -> None:
+        """Compile the rollout and update programs of every candidate G now (one line per G).
+
+        Uses the prompt bucket of the step's first batch; other buckets compile on first use.
+        """
+        cfg = self.cfg
+        width = len(self.source.encode(self.source.batch(self.step, 0, 1)[0]))
+        bucket = next(b for b in sorted(cfg.sampling.prompt_buckets) if b >= width)
+        new = cfg.sampling.max_new_tokens
+        key = jax.random.key(0)
+        for g in self.controller.candidates:
+            n = prompts_for(cfg, g) * g
+            t0 = time.perf_counter()
+            self.sampler.compile(self.params, n, bucket, max_new_tokens=new)
+            t1 = time.perf_counter()
+            spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
+            batch = {
+                "prompt_ids": spec((n, bucket), jnp.int32),
+                "prompt_lens": spec((n,), jnp.int32),
+                "completion": spec((n, new), jnp.int32),
+                "old_logp": spec((n, new), jnp.float32),
+                "mask": spec((n, new), jnp.float32),
+                "adv": spec((n,), jnp.float32),
+                "normalizer": spec((), jnp.float32),
+            }
+            self.programs.compile_update(
+                self.params, self.opt_state, batch, key, self.settings, self.ref_params
+            )
+            t2 = time.perf_counter()
+            log(f"compiled G={g} ({n} rollouts): rollout {t1 - t0:.1f} s, update {t2 - t1:.1f} s")
+
     # ------------------------------------------------------------------ one step
 
     def _rollout(self, group_size: int, key: jax.Array) -> tuple[Rollouts, list[Rollouts], int]:
@@ -347,6 +380,8 @@ class Trainer:
             bar = tqdm(
                 total=total_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True
             )
+        if cfg.train.compile_ahead:
+            self.compile_ahead()
         t_start = time.perf_counter()
         while self.step < total_steps:
             record = self.train_step()
