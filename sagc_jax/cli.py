@@ -242,11 +242,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _bad_input_errors() -> tuple[type[Exception], ...]:
+    """Exceptions that mean bad user input (a sentence, not a traceback)."""
+    from sagc_jax.tasks import DatasetError, RewardError
+
+    errors: tuple[type[Exception], ...] = (ConfigError, UserError, DatasetError, RewardError)
+    if "sagc_jax.models" in sys.modules:  # only loaded by commands that build a model
+        from sagc_jax.models import CheckpointMismatchError
+
+        errors += (CheckpointMismatchError,)
+    return errors
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, UserError) as err:
+    except Exception as err:
+        if not isinstance(err, _bad_input_errors()):
+            raise
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

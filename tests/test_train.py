@@ -220,3 +220,78 @@ def test_bad_batch_shapes_are_rejected():
     cfg = load_config(None, [*TINY, "train.batch_mode=budget", "train.rollout_budget=6"])
     with pytest.raises(ConfigError, match="rollout_budget = 6 is not divisible by G = 4"):
         Trainer(cfg, "/nonexistent/never-created")
+
+
+def write_word_tokenizer(path):
+    """A tiny word-level tokenizer.json + tokenizer_config.json with a chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = [
+        "<pad>",
+        "<s>",
+        "</s>",
+        "<unk>",
+        "what",
+        "is",
+        "plus",
+        "the",
+        "answer",
+        "user:",
+        "assistant:",
+        *[str(i) for i in range(20)],
+    ]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<pad>", "<s>", "</s>"])
+    path.mkdir()
+    tok.save(str(path / "tokenizer.json"))
+    template = (
+        "{% for m in messages %}user: {{ m['content'] }} {% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "pad_token": "<pad>",
+                "chat_template": template,
+            }
+        )
+    )
+
+
+def test_dataset_task_with_a_tokenizer_and_math_reward(tmp_path, capsys):
+    write_word_tokenizer(tmp_path / "tok")
+    rows = [
+        {"prompt": f"what is {a} plus {b}", "answer": str(a + b)}
+        for a in range(5)
+        for b in range(5)
+    ]
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    common = [
+        *TINY,
+        "data.task=dataset",
+        f"data.path={data}",
+        f"model.tokenizer={tmp_path / 'tok'}",
+        "data.chat_template=true",
+        "train.steps=2",
+        "logging.tensorboard=false",
+    ]
+    trainer = Trainer(load_config(None, common), tmp_path / "run")
+    assert trainer.source.encode(trainer.source.batch(0, 0, 1)[0])[-1] == 10  # "assistant:"
+    summary = trainer.run(progress=False)
+    trainer.close()
+    assert summary["steps"] == 2 and 0.0 <= summary["eval/accuracy"] <= 1.0
+
+    data.write_text(data.read_text() + '{"prompt": "what is 1 plus 1"}\n')
+    args = [
+        "train",
+        *[a for o in common for a in ("--set", o)],
+        "--set",
+        f"logging.run_dir={tmp_path / 'bad'}",
+    ]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"{data}:26" in err and "answer" in err and err.count("\n") == 1
