@@ -164,35 +164,14 @@ def test_kl_k3():
     logp = jnp.zeros((1, 2))
     ref = jnp.log(jnp.full((1, 2), 2.0))
     mask = jnp.ones((1, 2))
-    base = policy_loss(
-        logp, logp, jnp.zeros(1), mask, 2.0, aggregation="token_mean", eps_low=0.2, eps_high=0.2
-    )[0]
-    with_kl, m = policy_loss(
-        logp,
-        logp,
-        jnp.zeros(1),
-        mask,
-        2.0,
-        aggregation="token_mean",
-        eps_low=0.2,
-        eps_high=0.2,
-        kl_beta=0.1,
-        ref_logp_bt=ref,
-    )
+    args = (logp, logp, jnp.zeros(1), mask, 2.0)
+    kw = dict(aggregation="token_mean", eps_low=0.2, eps_high=0.2)
+    base = policy_loss(*args, **kw)[0]
+    with_kl, m = policy_loss(*args, **kw, kl_beta=0.1, ref_logp_bt=ref)
     assert float(with_kl - base) == pytest.approx(0.1 * (1 - np.log(2.0)), rel=1e-5)
     assert float(m["kl"]) == pytest.approx(1 - np.log(2.0), rel=1e-5)
     with pytest.raises(ValueError, match="ref_logp_bt"):
-        policy_loss(
-            logp,
-            logp,
-            jnp.zeros(1),
-            mask,
-            2.0,
-            aggregation="token_mean",
-            eps_low=0.2,
-            eps_high=0.2,
-            kl_beta=0.1,
-        )
+        policy_loss(*args, **kw, kl_beta=0.1)
 
 
 def test_overlong_penalty_by_hand():
