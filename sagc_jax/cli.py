@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ import yaml
 from sagc_jax.config import Config, ConfigError, load_config, to_dict
 
 EXIT_BAD_INPUT = 2
+EXIT_DIVERGED = 3  # training stopped: too many non-finite updates in a row
 
 
 class UserError(Exception):
@@ -141,7 +143,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from sagc_jax.train.loop import Trainer
+    from sagc_jax.train.loop import Trainer, TrainingDiverged
 
     cfg = load_config(args.config, args.overrides)
     out_dir = _run_dir(cfg, args.config, "train")
@@ -150,8 +152,19 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"train: resuming {out_dir} from step {trainer.step}")
     try:
         summary = trainer.run(progress=cfg.logging.progress)
+    except TrainingDiverged as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_DIVERGED
     finally:
         trainer.close()
+    if summary["interrupted"]:
+        signum = getattr(signal, summary["interrupted"])
+        print(
+            f"train: stopped by {summary['interrupted']} after step {summary['steps']}; "
+            f"checkpoint saved in {out_dir}; run the same command to resume",
+            file=sys.stderr,
+        )
+        return 128 + signum
     _print_summary(f"train done, wrote {out_dir}", summary, out_dir)
     return 0
 
@@ -261,7 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:
         if not isinstance(err, _bad_input_errors()):
             raise
-        print(f"error: {err}", file=sys.stderr)
+        # Multi-line messages (a header, then one line per problem): header, first problem, count.
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [""]
+        head = " ".join(lines[:2])
+        more = f" (+{len(lines) - 2} more)" if len(lines) > 2 else ""
+        print(f"error: {head}{more}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
 

@@ -237,7 +237,12 @@ class TrainConfig(_Section):
     microbatches: int = option(1, ge=1, help="gradient-accumulation chunks per update")
     seed: int = option(0, ge=0)
     checkpoint_every: int = option(25, ge=0, help="steps between checkpoints; 0: only at the end")
+    checkpoint_minutes: float = option(0.0, ge=0.0, help="also checkpoint this often; 0: off")
     keep_checkpoints: int = option(3, ge=1)
+    async_checkpoint: bool = option(True, help="write checkpoints in the background")
+    max_nonfinite_steps: int = option(
+        3, ge=1, help="abort after this many steps in a row with a non-finite loss or gradient"
+    )
     eval_every: int = option(0, ge=0, help="steps between held-out evaluations; 0: start and end")
     eval_size: int = option(128, ge=1, help="held-out prompts per evaluation")
     compile_ahead: bool = option(False, help="compile every candidate G at start-up")

@@ -45,9 +45,11 @@ def from_json_tree(value: Any) -> Any:
 class CheckpointStore:
     """Saves and restores run state under ``directory`` (keeps the newest ``keep``)."""
 
-    def __init__(self, directory: str | Path, keep: int = 3):
+    def __init__(self, directory: str | Path, keep: int = 3, async_save: bool = True):
         self.directory = Path(directory).absolute()
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True, enable_async_checkpointing=async_save
+        )
         self.manager = ocp.CheckpointManager(self.directory, options=options)
 
     def latest_step(self) -> int | None:

@@ -33,6 +33,7 @@ from sagc_jax.sampling.sampler import Sampler
 from sagc_jax.train.checkpoint import CheckpointStore
 from sagc_jax.train.data import make_source
 from sagc_jax.train.evaluate import evaluate_policy
+from sagc_jax.train.faults import StopRequest, crash_point
 from sagc_jax.train.metrics import MetricsWriter
 from sagc_jax.train.optim import make_optimizer
 from sagc_jax.train.policy import build_model, build_tokenizer, load_run_params
@@ -40,7 +41,15 @@ from sagc_jax.train.programs import PolicyPrograms, UpdateSettings
 from sagc_jax.train.rollout import Rollouts, generate
 
 # Keys of the config that may change when a run is resumed (the rest must match).
-RESUMABLE_CHANGES = ("train.steps", "train.checkpoint_every", "train.eval_every", "logging.")
+RESUMABLE_CHANGES = (
+    "train.steps",
+    "train.checkpoint_every",
+    "train.checkpoint_minutes",
+    "train.async_checkpoint",
+    "train.eval_every",
+    "train.max_nonfinite_steps",
+    "logging.",
+)
 
 
 def prompts_for(cfg: Config, group_size: int) -> int:
@@ -78,6 +87,10 @@ def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
         elif a != b:
             keys.append(f"{prefix}{k}")
     return keys
+
+
+class TrainingDiverged(RuntimeError):
+    """Too many consecutive non-finite updates (message is one line)."""
 
 
 class Trainer:
@@ -137,10 +150,15 @@ class Trainer:
         )
         self.root_key = jax.random.key(t.seed)
         self.step = 0
-        self.store = CheckpointStore(self.run_dir / "checkpoints", keep=t.keep_checkpoints)
-        self.writer = MetricsWriter(self.run_dir, enabled=log, tensorboard=cfg.logging.tensorboard)
+        self.store = CheckpointStore(
+            self.run_dir / "checkpoints", keep=t.keep_checkpoints, async_save=t.async_checkpoint
+        )
         self.last_eval: dict[str, float] = {}
+        self.interrupted = ""  # name of the signal that stopped the run, if one did
         self._resume()
+        self.writer = MetricsWriter(
+            self.run_dir, enabled=log, tensorboard=cfg.logging.tensorboard, resume_step=self.step
+        )
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -177,6 +195,7 @@ class Trainer:
             "has_opt_state": True,
         }
         self.store.save(self.step, {"params": self.params, "opt_state": self.opt_state}, meta)
+        crash_point("checkpoint", self.step)  # the write is in flight (asynchronous)
 
     # ------------------------------------------------------------------ compilation
 
@@ -277,6 +296,7 @@ class Trainer:
         g = self.controller.propose()
         key = jax.random.fold_in(self.root_key, self.step)
         rollout_key, update_key = jax.random.split(key)
+        crash_point("rollout", self.step)
         batch, rounds, used_rounds = self._rollout(g, rollout_key)
         t_rollout = time.perf_counter() - t0
 
@@ -303,6 +323,7 @@ class Trainer:
             ),
         }
         t1 = time.perf_counter()
+        crash_point("update", self.step)
         self.params, self.opt_state, upd = self.programs.update(
             self.params, self.opt_state, update_batch, update_key, self.settings, self.ref_params
         )
@@ -382,29 +403,51 @@ class Trainer:
             )
         if cfg.train.compile_ahead:
             self.compile_ahead()
-        t_start = time.perf_counter()
-        while self.step < total_steps:
-            record = self.train_step()
-            history["s_t"].append(record["controller/s_t"])
-            history["group_size"].append(record["group_size"])
-            history["step_s"].append(record["time/step_s"])
-            history["rollout_s"].append(record["time/rollout_s"])
-            if every_eval and self.step % every_eval == 0 and self.step < total_steps:
-                self.last_eval = self.evaluate()
-                record.update(self.last_eval)
-            if self.step == total_steps:
-                self.last_eval = self.evaluate()
-                record.update(self.last_eval)
-            self.writer.write(self.step, record, self.controller.candidates)
-            if bar is not None:
-                bar.set_postfix(
-                    G=record["group_size"],
-                    reward=f"{record['reward']:.2f}",
-                    strag=f"{self.controller.straggler_sum / self.controller.step:.2f}",
+        t_start = last_save = time.perf_counter()
+        bad_updates = 0
+        with StopRequest() as stop:
+            while self.step < total_steps:
+                record = self.train_step()
+                history["s_t"].append(record["controller/s_t"])
+                history["group_size"].append(record["group_size"])
+                history["step_s"].append(record["time/step_s"])
+                history["rollout_s"].append(record["time/rollout_s"])
+                bad_updates = bad_updates + 1 if record["update/skipped"] > 0 else 0
+                if every_eval and self.step % every_eval == 0 and self.step < total_steps:
+                    self.last_eval = self.evaluate()
+                    record.update(self.last_eval)
+                if self.step == total_steps:
+                    self.last_eval = self.evaluate()
+                    record.update(self.last_eval)
+                self.writer.write(self.step, record, self.controller.candidates)
+                if bar is not None:
+                    bar.set_postfix(
+                        G=record["group_size"],
+                        reward=f"{record['reward']:.2f}",
+                        strag=f"{self.controller.straggler_sum / self.controller.step:.2f}",
+                    )
+                    bar.update(1)
+                if bad_updates >= cfg.train.max_nonfinite_steps:
+                    raise TrainingDiverged(
+                        f"step {self.step}: the loss or gradient was not finite in "
+                        f"{bad_updates} steps in a row (train.max_nonfinite_steps); the last "
+                        f"checkpoint holds the last finite parameters; lower "
+                        f"train.learning_rate or check the rewards"
+                    )
+                stopping = stop.should_stop(self.step)
+                minutes = cfg.train.checkpoint_minutes
+                due = (
+                    (every_ckpt and self.step % every_ckpt == 0)
+                    or self.step == total_steps
+                    or (minutes and time.perf_counter() - last_save >= 60 * minutes)
+                    or stopping
                 )
-                bar.update(1)
-            if (every_ckpt and self.step % every_ckpt == 0) or self.step == total_steps:
-                self.save()
+                if due:
+                    self.save()
+                    last_save = time.perf_counter()
+                if stopping:
+                    self.interrupted = stop.name
+                    break
         if bar is not None:
             bar.close()
         self.store.wait()
@@ -417,6 +460,7 @@ class Trainer:
             "straggler_rate": float(np.mean(history["s_t"])) if steps_run else math.nan,
             "mean_group_size": float(np.mean(history["group_size"])) if steps_run else math.nan,
             "rollout_share": (sum(history["rollout_s"]) / max(sum(history["step_s"]), 1e-9)),
+            "interrupted": self.interrupted,
             **self.last_eval,
         }
 

@@ -27,7 +27,15 @@ class MetricsWriter:
     get a writer that does nothing, so call sites need no checks.
     """
 
-    def __init__(self, run_dir: str | Path, enabled: bool = True, tensorboard: bool = True):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        enabled: bool = True,
+        tensorboard: bool = True,
+        resume_step: int = 0,
+    ):
+        """``resume_step``: the step the run continues from; logged steps after it (written
+        before a crash, and about to be redone) are dropped from both logs."""
         self.enabled = enabled
         self._jsonl = None
         self._tb = None
@@ -35,11 +43,19 @@ class MetricsWriter:
             return
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        self._jsonl = (run_dir / "metrics.jsonl").open("a")
+        path = run_dir / "metrics.jsonl"
+        if path.exists():
+            keep = [
+                line
+                for line in path.read_text().splitlines(keepends=True)
+                if resume_step > 0 and json.loads(line).get("step", 0) <= resume_step
+            ]
+            path.write_text("".join(keep))
+        self._jsonl = path.open("a")
         if tensorboard:
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+            self._tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step + 1)
 
     def write(self, step: int, record: dict[str, Any], candidates: tuple[int, ...] = ()) -> None:
         """Log one step. Lists (lengths, ratios) go to JSONL only; numbers also to TensorBoard."""

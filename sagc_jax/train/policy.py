@@ -36,7 +36,9 @@ def build_model(cfg: Config, tokenizer, seed: int) -> Decoder:
     """A fresh model: HF weights when model.hf_checkpoint is set, else a random preset."""
     m = cfg.model
     if m.hf_checkpoint:
-        model, _ = load_hf_checkpoint(m.hf_checkpoint, dtype=m.param_dtype)
+        model, _ = load_hf_checkpoint(
+            m.hf_checkpoint, dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat
+        )
         return model
     try:
         arch: DecoderConfig = get_preset(m.preset)
