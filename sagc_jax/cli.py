@@ -1,4 +1,4 @@
-"""The ``sagc-jax`` command line: sft, train, eval, simulate, replay and config.
+"""The ``sagc-jax`` command line: sft, train, eval, compare, report, simulate, replay, config.
 
 Every subcommand takes ``--config FILE`` and any number of ``--set section.key=value``.
 Bad input (config, paths, logs) ends with one line on stderr and exit code 2.
@@ -195,6 +195,44 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from sagc_jax.config import parse_controller_spec
+    from sagc_jax.train.compare import compare, format_table
+
+    cfg = load_config(args.config, args.overrides)
+    controllers = [c.strip() for c in args.controllers.split(",") if c.strip()]
+    for spec in controllers:
+        parse_controller_spec(spec)
+    if args.seeds < 1 or (args.steps is not None and args.steps < 1):
+        raise UserError(f"--seeds {args.seeds} / --steps {args.steps}: both must be >= 1")
+    out_dir = _run_dir(cfg, args.config, "compare")
+    rows = compare(cfg, controllers, args.seeds, args.steps, out_dir, progress=cfg.logging.progress)
+    print(format_table(rows))
+    print(f"wrote compare.md, compare.csv and plots to {out_dir}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from sagc_jax.train.report import plot_runs, read_metrics, summarize
+
+    try:
+        steps, evals = read_metrics(args.run_dir)
+    except FileNotFoundError as err:
+        raise UserError(str(err)) from None
+    summary = summarize(steps, evals)
+    if steps:
+        plot_runs({args.run_dir.name: (steps, evals)}, args.run_dir / "report")
+    print(
+        f"report {args.run_dir}: "
+        + ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()
+        )
+    )
+    if steps:
+        print(f"plots in {args.run_dir / 'report'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sagc-jax",
@@ -229,6 +267,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", type=Path, required=True, help="run directory to evaluate")
     p.add_argument("--num", type=int, default=None, help="held-out prompts (train.eval_size)")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser(
+        "compare",
+        help="train under several controllers side by side and tabulate the results",
+        description="Runs the config once per controller and seed, one after the other, into "
+        "one directory; writes compare.md, compare.csv and PNG plots.",
+    )
+    _add_common(p, config_required=True)
+    p.add_argument(
+        "--controllers",
+        default="fixed:4,fixed:8,fixed:16,sagc",
+        help="comma-separated controller specs (default: %(default)s)",
+    )
+    p.add_argument("--seeds", type=int, default=1, help="seeds per controller")
+    p.add_argument("--steps", type=int, default=None, help="step budget (default: train.steps)")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("report", help="summary and plots of one run (finished or running)")
+    p.add_argument("run_dir", type=Path, help="a sagc-jax train run directory")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("config", help="print the resolved configuration as YAML")
     _add_common(p)

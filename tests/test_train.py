@@ -295,3 +295,46 @@ def test_dataset_task_with_a_tokenizer_and_math_reward(tmp_path, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err
     assert f"{data}:26" in err and "answer" in err and err.count("\n") == 1
+
+
+def test_compare_and_report_commands(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    args = [
+        "compare",
+        "--config",
+        "configs/demo.yaml",
+        *[a for o in TINY for a in ("--set", o)],
+        "--set",
+        "train.eval_size=4",
+        "--set",
+        f"logging.run_dir={out}",
+        "--controllers",
+        "fixed:2,sagc",
+        "--seeds",
+        "2",
+        "--steps",
+        "2",
+    ]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "| fixed:2 |" in printed and "| sagc |" in printed and "+-" in printed
+    for name in (
+        "compare.md",
+        "compare.csv",
+        "accuracy_reward_vs_time.png",
+        "group_size_lambda.png",
+        "posterior_mean.png",
+        "max_median_ratio.png",
+    ):
+        assert (out / name).stat().st_size > 0, name
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [
+        "fixed2-seed0",
+        "fixed2-seed1",
+        "sagc-seed0",
+        "sagc-seed1",
+    ]
+    assert main(["report", str(out / "sagc-seed0")]) == 0
+    assert "straggler_rate=" in capsys.readouterr().out
+    assert (out / "sagc-seed0" / "report" / "group_size_lambda.png").exists()
+    assert main(["report", str(tmp_path)]) == 2
+    assert "no metrics.jsonl" in capsys.readouterr().err

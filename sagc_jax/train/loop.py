@@ -131,7 +131,8 @@ class Trainer:
             eps_low=cfg.loss.eps_low,
             eps_high=cfg.loss.eps_high,
             kl_beta=cfg.loss.kl_beta,
-            temperature=max(cfg.sampling.temperature, 1e-6),
+            # the sampler reports log_softmax(logits) when greedy (temperature 0)
+            temperature=cfg.sampling.temperature if cfg.sampling.temperature > 0 else 1.0,
             epochs=t.epochs,
             minibatches=t.minibatches,
             microbatches=t.microbatches,

@@ -1,0 +1,152 @@
+"""Tokens per second of sagc_jax's sampler against transformers' generate (CPU torch).
+
+Same model (a random Llama: vocab 512, hidden 256, mlp 688, 4 layers, 8 heads, 4 kv heads, tied
+embeddings; about 3M parameters) on both sides, batch 64, 16-token prompts, 128 new tokens, both
+forced to generate all 128 tokens (no end-of-sequence stop), sampling at temperature 1 without
+top-k/top-p. The two run one after the other; one line is printed with both figures, their ratio
+and the JAX compile time.
+
+Both sides get the same cores: torch runs `torch.set_num_threads(threads)`; XLA:CPU runs each of
+these small ops on one thread, so JAX gets `threads` host devices
+(--xla_force_host_platform_device_count) and the sampler splits the batch across them
+(`Sampler(batch_sharding=...)`, data parallel, weights replicated). The process is pinned to
+`threads` cores when the machine has more.
+
+    .venv/bin/python benchmarks/generate.py [--threads 2] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+
+def _parse():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per side (best kept)")
+    parser.add_argument(
+        "--jax-devices", type=int, default=0, help="host devices for JAX (default: --threads)"
+    )
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = _parse()
+    # A CPU-against-CPU comparison unless the caller picks a platform (JAX_PLATFORMS=cuda).
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "")
+        + f" --xla_force_host_platform_device_count={args.jax_devices or args.threads}"
+    )
+    # XLA's CPU thread pool is sized from the visible cores: give both sides the same ones.
+    if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) > args.threads:
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: args.threads])
+
+    import jax
+    import numpy as np
+    import torch
+    import transformers
+
+    from sagc_jax.models import load_hf_checkpoint, num_params
+    from sagc_jax.sampling import Sampler
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    hf_config = transformers.LlamaConfig(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        tie_word_embeddings=True,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    hf_model = transformers.LlamaForCausalLM(hf_config).eval()
+    with tempfile.TemporaryDirectory() as path:
+        hf_model.save_pretrained(path)
+        model, cfg = load_hf_checkpoint(path)
+
+    rng = np.random.RandomState(0)
+    prompts_bt = rng.randint(3, cfg.vocab_size, (args.batch, args.prompt_len)).astype(np.int32)
+    lens_b = np.full((args.batch,), args.prompt_len, np.int32)
+    total_new = args.batch * args.new_tokens
+
+    # ---- sagc_jax: eos_ids=() so every row generates all new tokens; rows split over devices.
+    devices = jax.devices()
+    mesh = jax.make_mesh((len(devices),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    sampler, state = Sampler.from_model(model, eos_ids=(), pad_id=0, batch_sharding=rows)
+    state = jax.device_put(state, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+
+    def run_jax(seed):
+        out = sampler(
+            state,
+            prompts_bt,
+            lens_b,
+            jax.random.key(seed),
+            max_new_tokens=args.new_tokens,
+            temperature=1.0,
+        )
+        return jax.block_until_ready(out)
+
+    start = time.perf_counter()
+    out = run_jax(0)
+    first_call = time.perf_counter() - start
+    jax_times = []
+    for seed in range(1, args.repeats + 1):
+        start = time.perf_counter()
+        out = run_jax(seed)
+        jax_times.append(time.perf_counter() - start)
+    assert int(out.lengths_b.min()) == args.new_tokens and sampler.compiled_programs() == 1
+    jax_tps = total_new / min(jax_times)
+    compile_s = first_call - min(jax_times)
+
+    # ---- transformers: min_new_tokens = max_new_tokens and no eos, so all rows run to the end.
+    input_ids = torch.as_tensor(prompts_bt, dtype=torch.long)
+    gen_kwargs = dict(
+        attention_mask=torch.ones_like(input_ids),
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        min_new_tokens=args.new_tokens,
+        max_new_tokens=args.new_tokens,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    with torch.inference_mode():
+        hf_model.generate(input_ids, **{**gen_kwargs, "min_new_tokens": 4, "max_new_tokens": 4})
+        hf_times = []
+        for seed in range(args.repeats):
+            torch.manual_seed(seed)
+            start = time.perf_counter()
+            hf_out = hf_model.generate(input_ids, **gen_kwargs)
+            hf_times.append(time.perf_counter() - start)
+    assert hf_out.shape == (args.batch, args.prompt_len + args.new_tokens), hf_out.shape
+    hf_tps = total_new / min(hf_times)
+
+    print(
+        f"generate B={args.batch} prompt={args.prompt_len} new={args.new_tokens} "
+        f"params={num_params(state) / 1e6:.2f}M: sagc_jax {jax_tps:,.0f} tok/s | "
+        f"transformers {hf_tps:,.0f} tok/s (torch {torch.__version__}, "
+        f"set_num_threads({args.threads}), {len(os.sched_getaffinity(0))} cores) | "
+        f"ratio {jax_tps / hf_tps:.2f}x | jax compile {compile_s:.1f} s "
+        f"({len(devices)} host devices) | "
+        f"jax {jax.__version__} transformers {transformers.__version__}"
+    )
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

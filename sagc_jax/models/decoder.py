@@ -1,0 +1,177 @@
+"""The decoder (`Decoder`) and its KV cache (`KVCache`, `init_cache`).
+
+Two entry points:
+  * `model(tokens_bt, positions_bt=None, mask_bt=None) -> logits_btv`: full forward, no cache;
+  * `model.apply_cached(tokens_bt, cache) -> (logits_btv, cache)`: prefill (T = prompt length) or
+    decode (T = 1) over a KV cache of S slots, rows left-padded.
+
+Cache layout: row b holds its tokens in slots [start_b[b], index); slot s < start_b[b] is
+left padding. Row b's token in slot s has position s - start_b[b]. Logits are always float32.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from sagc_jax.models import axes as ax
+from sagc_jax.models.config import DecoderConfig
+from sagc_jax.models.layers import MLP, Attention, RMSNorm
+
+
+class KVCache(NamedTuple):
+    """Keys and values of every layer, plus where each row starts and where to write next.
+
+    k_lbkhs: tuple (one per layer) of keys [B, K, H, S] in the compute dtype.
+    v_lbksh: tuple (one per layer) of values [B, K, S, H] in the compute dtype.
+    start_b: int32 [B], first valid slot of each row (prompts are left-padded).
+    index: int32 scalar, the slot the next token is written to.
+    """
+
+    k_lbkhs: tuple[jax.Array, ...]
+    v_lbksh: tuple[jax.Array, ...]
+    start_b: jax.Array
+    index: jax.Array
+
+
+def init_cache(cfg: DecoderConfig, batch: int, length: int, start_b=None, dtype=None) -> KVCache:
+    """An empty cache of `length` slots for `batch` rows; `start_b` [B] defaults to zeros."""
+    k_shape = (batch, cfg.num_kv_heads, cfg.head_dim, length)
+    v_shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
+    dtype = dtype or cfg.compute_jnp_dtype
+    k_lbkhs = tuple(jnp.zeros(k_shape, dtype) for _ in range(cfg.num_layers))
+    v_lbksh = tuple(jnp.zeros(v_shape, dtype) for _ in range(cfg.num_layers))
+    start_b = jnp.zeros((batch,), jnp.int32) if start_b is None else jnp.asarray(start_b, jnp.int32)
+    return KVCache(k_lbkhs, v_lbksh, start_b, jnp.zeros((), jnp.int32))
+
+
+class Block(nnx.Module):
+    """Pre-norm transformer layer: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+        self.attn_norm = RMSNorm(cfg, rngs=rngs)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.mlp_norm = RMSNorm(cfg, rngs=rngs)
+        self.mlp = MLP(cfg, rngs=rngs)
+
+    def __call__(self, x_btd, positions_bt, mask_bts, kv_cache=None, cache_index=None):
+        y_btd, kv_cache = self.attn(
+            self.attn_norm(x_btd), positions_bt, mask_bts, kv_cache, cache_index
+        )
+        x_btd = ax.constrain(x_btd + y_btd, (ax.BATCH, ax.LENGTH, ax.ACT_EMBED))
+        x_btd = x_btd + self.mlp(self.mlp_norm(x_btd))
+        return ax.constrain(x_btd, (ax.BATCH, ax.LENGTH, ax.ACT_EMBED)), kv_cache
+
+
+def _block_forward(block: Block, x_btd, positions_bt, mask_bts):
+    return block(x_btd, positions_bt, mask_bts)[0]
+
+
+class Decoder(nnx.Module):
+    """Llama 3.x / Qwen2 decoder-only transformer (see `DecoderConfig`)."""
+
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+        self.config = cfg
+        d, v, dt = cfg.hidden_size, cfg.vocab_size, cfg.param_jnp_dtype
+        key = rngs.params()
+        self.embed_vd = ax.param(key, "normal", (v, d), (ax.VOCAB, ax.EMBED), dt, fan_in=d, index=0)
+        self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(cfg, rngs=rngs)
+        if not cfg.tie_embeddings:
+            self.lm_head_dv = ax.param(
+                key, "normal", (d, v), (ax.EMBED, ax.VOCAB), dt, fan_in=d, index=1
+            )
+
+    # ----------------------------------------------------------------- pieces
+    def embed(self, tokens_bt: jax.Array) -> jax.Array:
+        x_btd = jnp.take(self.embed_vd[...], tokens_bt, axis=0).astype(
+            self.config.compute_jnp_dtype
+        )
+        return ax.constrain(x_btd, (ax.BATCH, ax.LENGTH, ax.ACT_EMBED))
+
+    def logits(self, h_btd: jax.Array) -> jax.Array:
+        """Final norm then the (tied or untied) output projection; float32 [B, T, V]."""
+        h_btd = self.final_norm(h_btd)
+        cd = self.config.compute_jnp_dtype
+        if self.config.tie_embeddings:
+            logits_btv = jnp.einsum(
+                "BTD,VD->BTV",
+                h_btd,
+                self.embed_vd[...].astype(cd),
+                preferred_element_type=jnp.float32,
+            )
+        else:
+            logits_btv = jnp.einsum(
+                "BTD,DV->BTV",
+                h_btd,
+                self.lm_head_dv[...].astype(cd),
+                preferred_element_type=jnp.float32,
+            )
+        return ax.constrain(logits_btv.astype(jnp.float32), (ax.BATCH, ax.LENGTH, ax.ACT_VOCAB))
+
+    # ----------------------------------------------------------------- no cache
+    def hidden(self, tokens_bt, positions_bt=None, mask_bt=None) -> jax.Array:
+        """Hidden states [B, T, D] before the final norm, causal attention, no cache.
+
+        mask_bt: 1 for real tokens, 0 for padding (padding keys are never attended to); when given
+        without positions, positions count real tokens only (left padding friendly).
+        """
+        b, t = tokens_bt.shape
+        causal_tt = jnp.tril(jnp.ones((t, t), jnp.bool_))
+        if mask_bt is None:
+            mask_bts = jnp.broadcast_to(causal_tt, (b, t, t))
+            default_positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        else:
+            mask_bt = mask_bt.astype(jnp.bool_)
+            mask_bts = causal_tt[None] & mask_bt[:, None, :]
+            default_positions_bt = jnp.maximum(jnp.cumsum(mask_bt, axis=1, dtype=jnp.int32) - 1, 0)
+        positions_bt = default_positions_bt if positions_bt is None else positions_bt
+        x_btd = self.embed(tokens_bt)
+        forward = _block_forward
+        if self.config.remat:
+            forward = nnx.remat(_block_forward)
+        for block in self.layers:
+            x_btd = forward(block, x_btd, positions_bt, mask_bts)
+        return x_btd
+
+    def __call__(self, tokens_bt, positions_bt=None, mask_bt=None) -> jax.Array:
+        """int32 tokens [B, T] -> float32 logits [B, T, V]."""
+        return self.logits(self.hidden(tokens_bt, positions_bt, mask_bt))
+
+    # ----------------------------------------------------------------- KV cache
+    def apply_cached(
+        self, tokens_bt: jax.Array, cache: KVCache, *, last_only: bool = False
+    ) -> tuple[jax.Array, KVCache]:
+        """Runs T new tokens per row at slots [cache.index, cache.index + T).
+
+        Returns float32 logits [B, T, V] ([B, 1, V] if `last_only`, which a prefill wants) and
+        the cache with the new keys/values written and `index` advanced by T.
+        """
+        t = tokens_bt.shape[1]
+        s = cache.v_lbksh[0].shape[2]
+        slots_t = cache.index + jnp.arange(t, dtype=jnp.int32)
+        key_slots_s = jnp.arange(s, dtype=jnp.int32)
+        mask_bts = (key_slots_s[None, None, :] <= slots_t[None, :, None]) & (
+            key_slots_s[None, None, :] >= cache.start_b[:, None, None]
+        )
+        positions_bt = jnp.maximum(slots_t[None, :] - cache.start_b[:, None], 0)
+        x_btd = self.embed(tokens_bt)
+        new_k, new_v = [], []
+        for block, k_bkhs, v_bksh in zip(self.layers, cache.k_lbkhs, cache.v_lbksh, strict=True):
+            x_btd, (k_bkhs, v_bksh) = block(
+                x_btd, positions_bt, mask_bts, (k_bkhs, v_bksh), cache.index
+            )
+            new_k.append(k_bkhs)
+            new_v.append(v_bksh)
+        if last_only:
+            x_btd = x_btd[:, -1:]
+        new_cache = KVCache(tuple(new_k), tuple(new_v), cache.start_b, cache.index + t)
+        return self.logits(x_btd), new_cache
+
+
+def num_params(state) -> int:
+    """Total number of parameter elements in an nnx state (concrete or abstract)."""
+    return sum(int(x.size) for x in jax.tree.leaves(state))

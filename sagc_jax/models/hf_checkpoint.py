@@ -1,0 +1,255 @@
+"""Hugging Face checkpoints in and out: `load_hf_checkpoint` and `save_hf_checkpoint`.
+
+The mapping between transformers tensor names and this package's parameters is the declarative
+table `RULES`: each row names the HF tensor, the parameter path here and the layout change between
+them (one of `TRANSFORMS`). transformers stores a linear layer as weight[out, in]; here a
+projection is [in, out] with heads split out (q_dnh, o_nhd, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import safetensors
+import safetensors.flax
+from flax import nnx
+
+from sagc_jax.models.config import DecoderConfig
+from sagc_jax.models.decoder import Decoder
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint tensor is missing, unexpected or of the wrong shape (one line per tensor)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Transform:
+    """Layout change between an HF tensor and a parameter here (shapes: HF vs ours)."""
+
+    hf_shape: Callable[[tuple[int, ...]], tuple[int, ...]]  # our shape -> HF shape
+    to_ours: Callable  # (hf array, our shape) -> our array
+    to_hf: Callable  # our array -> hf array
+
+
+TRANSFORMS: dict[str, Transform] = {
+    "copy": Transform(lambda s: s, lambda x, s: x, lambda x: x),
+    # weight[out, in] <-> [in, out]
+    "transpose": Transform(lambda s: s[::-1], lambda x, s: x.T, lambda x: x.T),
+    # weight[N*H, D] <-> [D, N, H]
+    "split_out_heads": Transform(
+        lambda s: (s[1] * s[2], s[0]),
+        lambda x, s: x.T.reshape(s),
+        lambda x: x.reshape(x.shape[0], -1).T,
+    ),
+    # weight[D, N*H] <-> [N, H, D]
+    "split_in_heads": Transform(
+        lambda s: (s[2], s[0] * s[1]),
+        lambda x, s: x.T.reshape(s),
+        lambda x: x.reshape(-1, x.shape[-1]).T,
+    ),
+    # bias[N*H] <-> [N, H]
+    "split_bias_heads": Transform(
+        lambda s: (s[0] * s[1],), lambda x, s: x.reshape(s), lambda x: x.reshape(-1)
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    hf: str  # HF tensor name; "{i}" is the layer index
+    path: str  # parameter path here, dot-separated; "{i}" is the layer index
+    transform: str  # a key of TRANSFORMS
+    when: str = "always"  # "always", "qkv_bias" or "untied"
+
+
+_ATTN, _MLP = "model.layers.{i}.self_attn", "model.layers.{i}.mlp"
+RULES: tuple[Rule, ...] = (
+    Rule("model.embed_tokens.weight", "embed_vd", "copy"),
+    Rule("model.norm.weight", "final_norm.scale_d", "copy"),
+    Rule("lm_head.weight", "lm_head_dv", "transpose", when="untied"),
+    Rule("model.layers.{i}.input_layernorm.weight", "layers.{i}.attn_norm.scale_d", "copy"),
+    Rule("model.layers.{i}.post_attention_layernorm.weight", "layers.{i}.mlp_norm.scale_d", "copy"),
+    Rule(f"{_ATTN}.q_proj.weight", "layers.{i}.attn.q_dnh", "split_out_heads"),
+    Rule(f"{_ATTN}.k_proj.weight", "layers.{i}.attn.k_dkh", "split_out_heads"),
+    Rule(f"{_ATTN}.v_proj.weight", "layers.{i}.attn.v_dkh", "split_out_heads"),
+    Rule(f"{_ATTN}.o_proj.weight", "layers.{i}.attn.o_nhd", "split_in_heads"),
+    Rule(f"{_ATTN}.q_proj.bias", "layers.{i}.attn.q_bias_nh", "split_bias_heads", "qkv_bias"),
+    Rule(f"{_ATTN}.k_proj.bias", "layers.{i}.attn.k_bias_kh", "split_bias_heads", "qkv_bias"),
+    Rule(f"{_ATTN}.v_proj.bias", "layers.{i}.attn.v_bias_kh", "split_bias_heads", "qkv_bias"),
+    Rule(f"{_MLP}.gate_proj.weight", "layers.{i}.mlp.gate_df", "transpose"),
+    Rule(f"{_MLP}.up_proj.weight", "layers.{i}.mlp.up_df", "transpose"),
+    Rule(f"{_MLP}.down_proj.weight", "layers.{i}.mlp.down_fd", "transpose"),
+)
+# Checkpoint tensors that carry no parameter: old rotary buffers; lm_head of a tied model.
+_IGNORED = (re.compile(r".*rotary_emb\.inv_freq$"),)
+
+
+def _path(template: str, i: int | None) -> tuple:
+    parts = template.format(i=i).split(".")
+    return tuple(int(p) if p.isdigit() else p for p in parts)
+
+
+def expand_rules(cfg: DecoderConfig) -> list[tuple[str, tuple, Transform]]:
+    """(HF name, parameter path, transform) for every parameter of a model with config `cfg`."""
+    active = {"always": True, "qkv_bias": cfg.qkv_bias, "untied": not cfg.tie_embeddings}
+    out = []
+    for rule in RULES:
+        if not active[rule.when]:
+            continue
+        layers = range(cfg.num_layers) if "{i}" in rule.hf else [None]
+        for i in layers:
+            out.append((rule.hf.format(i=i), _path(rule.path, i), TRANSFORMS[rule.transform]))
+    return out
+
+
+def _abstract_model(cfg: DecoderConfig):
+    abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+    return nnx.split(abstract)
+
+
+def _check_table_covers(cfg: DecoderConfig, flat_paths: set[tuple]) -> None:
+    mapped = {path for _, path, _ in expand_rules(cfg)}
+    if mapped != flat_paths:
+        raise AssertionError(
+            f"RULES out of date: parameters without a rule {sorted(flat_paths - mapped)}, "
+            f"rules without a parameter {sorted(mapped - flat_paths)}"
+        )
+
+
+def _safetensors_files(path: str) -> dict[str, str]:
+    """HF tensor name -> file, from model.safetensors.index.json or the single .safetensors."""
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        return {name: os.path.join(path, file) for name, file in weight_map.items()}
+    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if len(files) != 1:
+        raise FileNotFoundError(
+            f"{path}: expected model.safetensors.index.json or exactly one .safetensors file, "
+            f"found {files}"
+        )
+    file = os.path.join(path, files[0])
+    with safetensors.safe_open(file, framework="flax") as f:
+        return {name: file for name in f.keys()}
+
+
+def _shape(x) -> tuple[int, ...]:
+    return tuple(int(d) for d in x)
+
+
+def load_hf_checkpoint(
+    path: str, dtype: str = "float32", compute_dtype: str | None = None, remat: bool = False
+) -> tuple[Decoder, DecoderConfig]:
+    """Reads a local transformers directory (config.json + safetensors) into a `Decoder`.
+
+    dtype: parameter dtype ("float32" or "bfloat16"); compute_dtype defaults to dtype.
+    Raises CheckpointMismatchError (a ValueError) listing every missing, unexpected or
+    mis-shaped tensor, one line each with the tensor name and both shapes.
+    """
+    with open(os.path.join(path, "config.json")) as f:
+        hf_config = json.load(f)
+    cfg = DecoderConfig.from_hf_config(
+        hf_config, param_dtype=dtype, compute_dtype=compute_dtype or dtype, remat=remat
+    )
+    graphdef, abstract_state = _abstract_model(cfg)
+    flat = dict(nnx.to_flat_state(abstract_state))
+    _check_table_covers(cfg, set(flat))
+    files = _safetensors_files(path)
+    expected = {}
+    for hf_name, param_path, transform in expand_rules(cfg):
+        expected[hf_name] = (param_path, transform, _shape(flat[param_path].shape))
+
+    problems, handles, values = [], {}, {}
+
+    def read(name):
+        file = files[name]
+        if file not in handles:
+            handles[file] = safetensors.safe_open(file, framework="flax")
+        return handles[file]
+
+    for hf_name, (param_path, transform, our_shape) in expected.items():
+        want = _shape(transform.hf_shape(our_shape))
+        if hf_name not in files:
+            problems.append(f"missing tensor {hf_name!r}: checkpoint shape None, expected {want}")
+            continue
+        got = _shape(read(hf_name).get_slice(hf_name).get_shape())
+        if got != want:
+            problems.append(f"tensor {hf_name!r}: checkpoint shape {got}, expected {want}")
+            continue
+        x = transform.to_ours(read(hf_name).get_tensor(hf_name), our_shape)
+        values[param_path] = jnp.asarray(x, cfg.param_jnp_dtype)
+    for name in sorted(set(files) - set(expected)):
+        tied_head = cfg.tie_embeddings and name == "lm_head.weight"
+        if tied_head or any(p.match(name) for p in _IGNORED):
+            continue
+        got = _shape(read(name).get_slice(name).get_shape())
+        problems.append(f"unexpected tensor {name!r}: checkpoint shape {got}, expected None")
+    if problems:
+        raise CheckpointMismatchError(
+            f"{path} does not match a {cfg.family} model with {cfg.num_layers} layers "
+            f"({len(problems)} problems):\n" + "\n".join(problems)
+        )
+    state = nnx.map_state(lambda p, var: var.replace(value=values[p]), abstract_state)
+    return nnx.merge(graphdef, state), cfg
+
+
+def save_hf_checkpoint(
+    model: Decoder, config: DecoderConfig, path: str, max_shard_bytes: int | None = None
+) -> None:
+    """Writes config.json and safetensors (sharded with an index past `max_shard_bytes`)."""
+    os.makedirs(path, exist_ok=True)
+    flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    _check_table_covers(config, set(flat))
+    tensors = {
+        hf_name: jnp.asarray(transform.to_hf(flat[param_path][...]))
+        for hf_name, param_path, transform in expand_rules(config)
+    }
+    shards: list[dict[str, jax.Array]] = [{}]
+    size = 0
+    for name, x in tensors.items():
+        if max_shard_bytes and shards[-1] and size + x.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = x
+        size += x.nbytes
+    metadata = {"format": "pt"}  # transformers refuses safetensors without it
+    if len(shards) == 1:
+        safetensors.flax.save_file(tensors, os.path.join(path, "model.safetensors"), metadata)
+    else:
+        weight_map = {}
+        for k, shard in enumerate(shards):
+            file = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+            safetensors.flax.save_file(shard, os.path.join(path, file), metadata)
+            weight_map.update({name: file for name in shard})
+        index = {
+            "metadata": {"total_size": int(sum(x.nbytes for x in tensors.values()))},
+            "weight_map": weight_map,
+        }
+        with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+            json.dump(index, f, indent=2)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config.to_hf_config(), f, indent=2)
+
+
+def hf_shapes(cfg: DecoderConfig) -> dict[str, tuple[int, ...]]:
+    """The HF tensor names and shapes of a model with config `cfg` (no allocation)."""
+    _, abstract_state = _abstract_model(cfg)
+    flat = dict(nnx.to_flat_state(abstract_state))
+    return {name: _shape(t.hf_shape(_shape(flat[p].shape))) for name, p, t in expand_rules(cfg)}
+
+
+__all__ = [
+    "RULES",
+    "TRANSFORMS",
+    "CheckpointMismatchError",
+    "hf_shapes",
+    "load_hf_checkpoint",
+    "save_hf_checkpoint",
+]

@@ -1,0 +1,183 @@
+"""Decoder building blocks: RMSNorm, RoPE (with `llama3` scaling), grouped-query attention, SwiGLU.
+
+Shapes use B batch, T query length, S key length (cache length), D model, N query heads,
+K kv heads, G = N // K query heads per kv head, H head dim, F mlp.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from sagc_jax.models import axes as ax
+from sagc_jax.models.config import DecoderConfig, Llama3RopeScaling
+
+# Finite, so that a query row with every key masked (a left-padding slot) stays NaN-free.
+_MASKED = -0.7 * float(np.finfo(np.float32).max)
+
+
+class RMSNorm(nnx.Module):
+    """x / rms(x) * scale, the statistics in float32 (as transformers computes them)."""
+
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+        del rngs
+        self.eps = cfg.rms_norm_eps
+        self.scale_d = ax.param(None, "ones", (cfg.hidden_size,), (ax.EMBED,), cfg.param_jnp_dtype)
+
+    def __call__(self, x_btd: jax.Array) -> jax.Array:
+        x32_btd = x_btd.astype(jnp.float32)
+        var_bt1 = jnp.mean(jnp.square(x32_btd), axis=-1, keepdims=True)
+        normed_btd = (x32_btd * jax.lax.rsqrt(var_bt1 + self.eps)).astype(x_btd.dtype)
+        return self.scale_d[...].astype(x_btd.dtype) * normed_btd
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: Llama3RopeScaling | None) -> np.ndarray:
+    """Inverse frequencies [H/2] (float32), with the `llama3` frequency-dependent scaling."""
+    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    inv_freq = inv_freq.astype(np.float32)
+    if scaling is None:
+        return inv_freq
+    # Long wavelengths are divided by `factor`, short ones kept, the band between interpolated.
+    old_len = scaling.original_max_position_embeddings
+    low_wavelen = old_len / scaling.low_freq_factor
+    high_wavelen = old_len / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (old_len / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def apply_rope(x_btnh: jax.Array, positions_bt: jax.Array, inv_freq_h2: np.ndarray) -> jax.Array:
+    """Rotates halves (x1, x2) of the head dim by position * inv_freq (transformers layout)."""
+    angles_bth2 = positions_bt.astype(jnp.float32)[:, :, None] * jnp.asarray(inv_freq_h2)
+    sin_bt1h2 = jnp.sin(angles_bth2)[:, :, None, :]
+    cos_bt1h2 = jnp.cos(angles_bth2)[:, :, None, :]
+    x1, x2 = jnp.split(x_btnh.astype(jnp.float32), 2, axis=-1)
+    rotated = jnp.concatenate(
+        [x1 * cos_bt1h2 - x2 * sin_bt1h2, x2 * cos_bt1h2 + x1 * sin_bt1h2], axis=-1
+    )
+    return rotated.astype(x_btnh.dtype)
+
+
+def attend(
+    q_btnh: jax.Array, k_bkhs: jax.Array, v_bksh: jax.Array, mask_bts: jax.Array
+) -> jax.Array:
+    """Grouped-query attention; scores and softmax in float32. Returns [B, T, N, H].
+
+    Keys are [B, K, H, S] and values [B, K, S, H]: both products are then plain (not transposed)
+    matmuls batched over (B, K), the layouts a decode step reads fastest from the cache.
+    """
+    b, t, n, h = q_btnh.shape
+    k = k_bkhs.shape[1]
+    q_bkgth = q_btnh.reshape(b, t, k, n // k, h).transpose(0, 2, 3, 1, 4)
+    scores_bkgts = jnp.einsum(
+        "BKGTH,BKHS->BKGTS", q_bkgth, k_bkhs, preferred_element_type=jnp.float32
+    ) * (h**-0.5)
+    scores_bkgts = jnp.where(mask_bts[:, None, None, :, :], scores_bkgts, _MASKED)
+    probs_bkgts = jax.nn.softmax(scores_bkgts, axis=-1).astype(v_bksh.dtype)
+    out_bkgth = jnp.einsum("BKGTS,BKSH->BKGTH", probs_bkgts, v_bksh)
+    return out_bkgth.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+
+
+class Attention(nnx.Module):
+    """Grouped-query self-attention with RoPE, optional q/k/v biases and an optional KV cache."""
+
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+        d, n, k, h, dt = (
+            cfg.hidden_size,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.param_jnp_dtype,
+        )
+        self.compute_dtype = cfg.compute_jnp_dtype
+        # One draw from rngs per module: each draw is a traced state update, slow under eval_shape.
+        key = rngs.params()
+        # Hashable rope settings (not an array): the frequencies are trace-time constants.
+        self.rope = (h, cfg.rope_theta, cfg.rope_scaling)
+        qkv_axes = (ax.EMBED, ax.Q_HEADS, ax.HEAD_DIM), (ax.EMBED, ax.KV_HEADS, ax.HEAD_DIM)
+        self.q_dnh = ax.param(key, "normal", (d, n, h), qkv_axes[0], dt, fan_in=d, index=0)
+        self.k_dkh = ax.param(key, "normal", (d, k, h), qkv_axes[1], dt, fan_in=d, index=1)
+        self.v_dkh = ax.param(key, "normal", (d, k, h), qkv_axes[1], dt, fan_in=d, index=2)
+        o_axes = (ax.Q_HEADS, ax.HEAD_DIM, ax.EMBED)
+        self.o_nhd = ax.param(key, "normal", (n, h, d), o_axes, dt, fan_in=n * h, index=3)
+        self.qkv_bias = cfg.qkv_bias
+        if cfg.qkv_bias:
+            self.q_bias_nh = ax.param(None, "zeros", (n, h), (ax.Q_HEADS, ax.HEAD_DIM), dt)
+            self.k_bias_kh = ax.param(None, "zeros", (k, h), (ax.KV_HEADS, ax.HEAD_DIM), dt)
+            self.v_bias_kh = ax.param(None, "zeros", (k, h), (ax.KV_HEADS, ax.HEAD_DIM), dt)
+
+    def __call__(
+        self,
+        x_btd: jax.Array,
+        positions_bt: jax.Array,
+        mask_bts: jax.Array,
+        kv_cache: tuple[jax.Array, jax.Array] | None = None,
+        cache_index: jax.Array | None = None,
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        """x [B, T, D] -> ([B, T, D], updated (k [B, K, H, S], v [B, K, S, H]) or None).
+
+        Without a cache, S = T and `mask_bts` covers the T new keys. With a cache, the new keys
+        and values are written at slots [cache_index, cache_index + T) and `mask_bts` covers all
+        S cache slots.
+        """
+        cd = self.compute_dtype
+        q_btnh = jnp.einsum("BTD,DNH->BTNH", x_btd, self.q_dnh[...].astype(cd))
+        k_btkh = jnp.einsum("BTD,DKH->BTKH", x_btd, self.k_dkh[...].astype(cd))
+        v_btkh = jnp.einsum("BTD,DKH->BTKH", x_btd, self.v_dkh[...].astype(cd))
+        if self.qkv_bias:
+            q_btnh = q_btnh + self.q_bias_nh[...].astype(cd)
+            k_btkh = k_btkh + self.k_bias_kh[...].astype(cd)
+            v_btkh = v_btkh + self.v_bias_kh[...].astype(cd)
+        inv_freq_h2 = rope_inv_freq(*self.rope)
+        q_btnh = ax.constrain(
+            apply_rope(q_btnh, positions_bt, inv_freq_h2), (ax.BATCH, ax.LENGTH, ax.ACT_HEADS, None)
+        )
+        k_btkh = apply_rope(k_btkh, positions_bt, inv_freq_h2)
+        k_bkht = k_btkh.transpose(0, 2, 3, 1)
+        v_bkth = v_btkh.transpose(0, 2, 1, 3)
+        if kv_cache is None:
+            k_bkhs, v_bksh, new_cache = k_bkht, v_bkth, None
+        else:
+            k_cache, v_cache = kv_cache
+            zero = jnp.zeros((), jnp.int32)
+            k_bkhs = jax.lax.dynamic_update_slice(
+                k_cache, k_bkht.astype(k_cache.dtype), (zero, zero, zero, cache_index)
+            )
+            v_bksh = jax.lax.dynamic_update_slice(
+                v_cache, v_bkth.astype(v_cache.dtype), (zero, zero, cache_index, zero)
+            )
+            k_bkhs = ax.constrain(k_bkhs, (ax.BATCH, ax.ACT_KV_HEADS, None, ax.CACHE_LENGTH))
+            v_bksh = ax.constrain(v_bksh, (ax.BATCH, ax.ACT_KV_HEADS, ax.CACHE_LENGTH, None))
+            new_cache = (k_bkhs, v_bksh)
+        out_btnh = attend(q_btnh, k_bkhs.astype(cd), v_bksh.astype(cd), mask_bts)
+        y_btd = jnp.einsum("BTNH,NHD->BTD", out_btnh, self.o_nhd[...].astype(cd))
+        return y_btd, new_cache
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(x @ gate) * (x @ up))."""
+
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+        d, f, dt = cfg.hidden_size, cfg.intermediate_size, cfg.param_jnp_dtype
+        self.compute_dtype = cfg.compute_jnp_dtype
+        key = rngs.params()
+        in_axes, out_axes = (ax.EMBED, ax.MLP), (ax.MLP, ax.EMBED)
+        self.gate_df = ax.param(key, "normal", (d, f), in_axes, dt, fan_in=d, index=0)
+        self.up_df = ax.param(key, "normal", (d, f), in_axes, dt, fan_in=d, index=1)
+        self.down_fd = ax.param(key, "normal", (f, d), out_axes, dt, fan_in=f, index=2)
+
+    def __call__(self, x_btd: jax.Array) -> jax.Array:
+        cd = self.compute_dtype
+        gate_btf = jnp.einsum("BTD,DF->BTF", x_btd, self.gate_df[...].astype(cd))
+        up_btf = jnp.einsum("BTD,DF->BTF", x_btd, self.up_df[...].astype(cd))
+        h_btf = ax.constrain(jax.nn.silu(gate_btf) * up_btf, (ax.BATCH, ax.LENGTH, ax.ACT_MLP))
+        return jnp.einsum("BTF,FD->BTD", h_btf, self.down_fd[...].astype(cd))

@@ -1,0 +1,119 @@
+"""Summaries and plots of training runs, read from their ``metrics.jsonl`` (finished or not)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def read_metrics(run_dir: str | Path) -> tuple[list[dict], list[dict]]:
+    """(step records, evaluation records) of a run; a torn last line (crash) is ignored."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir}: no metrics.jsonl (is it a sagc-jax train run?)")
+    steps, evals = [], []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "group_size" in record:
+            steps.append(record)
+        if "eval/accuracy" in record:
+            evals.append(record)
+    return steps, evals
+
+
+def summarize(steps: list[dict], evals: list[dict]) -> dict:
+    """One row: wall-clock, rollout share, straggler rate, mean G, lengths, final eval."""
+    if not steps:
+        return {"steps": 0}
+    step_s = np.array([r["time/step_s"] for r in steps])
+    rollout_s = np.array([r["time/rollout_s"] for r in steps])
+    last = evals[-1] if evals else {}
+    return {
+        "steps": int(steps[-1]["step"]),
+        "wall_clock_s": float(step_s.sum()),
+        "rollout_share": float(rollout_s.sum() / max(step_s.sum(), 1e-9)),
+        "straggler_rate": float(np.mean([r["controller/s_t"] for r in steps])),
+        "mean_G": float(np.mean([r["group_size"] for r in steps])),
+        "mean_length": float(np.mean([r["length/mean"] for r in steps])),
+        "reward": float(np.mean([r["reward"] for r in steps[-10:]])),
+        "eval_accuracy": float(last.get("eval/accuracy", np.nan)),
+        "eval_reward": float(last.get("eval/reward", np.nan)),
+    }
+
+
+def plot_runs(runs: dict[str, tuple[list[dict], list[dict]]], out_dir: Path) -> list[Path]:
+    """PNGs over all named runs: accuracy and reward against wall-clock, G and lambda over
+    steps, posterior mean per candidate, and the distribution of group max/median ratios."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+
+    def save(fig, name):
+        fig.tight_layout()
+        fig.savefig(out_dir / name, dpi=110)
+        plt.close(fig)
+        paths.append(out_dir / name)
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for name, (steps, evals) in runs.items():
+        clock = np.concatenate([[0.0], np.cumsum([r["time/step_s"] for r in steps])])
+        at = {int(r["step"]): clock[min(int(r["step"]), len(clock) - 1)] for r in evals}
+        ax1.plot(
+            [at[int(r["step"])] for r in evals],
+            [r["eval/accuracy"] for r in evals],
+            marker="o",
+            label=name,
+        )
+        ax2.plot(clock[1:], [r["reward"] for r in steps], label=name, alpha=0.8)
+    ax1.set(xlabel="wall-clock (s)", ylabel="held-out accuracy", title="Held-out accuracy")
+    ax2.set(xlabel="wall-clock (s)", ylabel="mean reward", title="Training reward")
+    ax1.legend(fontsize=8)
+    save(fig, "accuracy_reward_vs_time.png")
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for name, (steps, _) in runs.items():
+        x = [r["step"] for r in steps]
+        ax1.step(x, [r["group_size"] for r in steps], where="post", label=name)
+        ax2.plot(x, [r["controller/lambda"] for r in steps], label=name)
+    ax1.set(xlabel="step", ylabel="G", title="Group size")
+    ax2.set(xlabel="step", ylabel="lambda", title="Dual variable")
+    ax1.legend(fontsize=8)
+    save(fig, "group_size_lambda.png")
+
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    for name, (steps, _) in runs.items():
+        post = [r["controller/posterior_mean"] for r in steps if "controller/posterior_mean" in r]
+        if post:
+            post = np.array(post)
+            for i in range(post.shape[1]):
+                ax.plot(post[:, i], label=f"{name} rung {i}")
+    ax.set(
+        xlabel="step",
+        ylabel="alpha / (alpha + beta)",
+        ylim=(0, 1),
+        title="Posterior mean straggler probability per candidate (ladder order)",
+    )
+    ax.legend(fontsize=7)
+    save(fig, "posterior_mean.png")
+
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    for name, (steps, _) in runs.items():
+        ratios = np.concatenate([np.asarray(r["group_ratios"], float) for r in steps])
+        ax.hist(np.clip(ratios, 1, 10), bins=50, histtype="step", density=True, label=name)
+    ax.set(
+        xlabel="group max / median length (clipped at 10)",
+        ylabel="density",
+        title="Max/median ratios",
+    )
+    ax.legend(fontsize=8)
+    save(fig, "max_median_ratio.png")
+    return paths
