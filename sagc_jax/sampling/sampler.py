@@ -90,8 +90,9 @@ class Sampler:
         return cls(graphdef, model.config, **kwargs), state
 
     def compiled_programs(self) -> int:
-        """Number of programs in the jit cache (one per batch/bucket/max_new_tokens shape)."""
-        return self._generate._cache_size()
+        """Programs this sampler has traced and compiled (one per batch/bucket/max_new_tokens
+        shape). Counted per instance: the jit cache of a method is shared by all instances."""
+        return self.num_traces
 
     def release_cache(self) -> None:
         self._cache = None
