@@ -102,7 +102,8 @@ def plot_runs(runs: dict[str, tuple[list[dict], list[dict]]], out_dir: Path) -> 
         ylim=(0, 1),
         title="Posterior mean straggler probability per candidate (ladder order)",
     )
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:  # fixed-G runs have no posterior
+        ax.legend(fontsize=7)
     save(fig, "posterior_mean.png")
 
     fig, ax = plt.subplots(figsize=(8, 3.8))
