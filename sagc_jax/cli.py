@@ -102,7 +102,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _print_summary(title: str, summary: dict, out_dir: Path) -> None:
-    plain = {k: v for k, v in summary.items() if isinstance(v, int | float | str)}
+    plain = {k: v for k, v in summary.items() if isinstance(v, int | float | str) and v != ""}
     (out_dir / "summary.json").write_text(json.dumps(plain, indent=2) + "\n")
     print(
         f"{title}: "
