@@ -217,6 +217,8 @@ def test_reward_function_that_raises_or_returns_nan(tmp_path, capsys, monkeypatc
         )
         == 0
     )
+    logged = [json.loads(x) for x in (tmp_path / "c" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["reward_failed_rows"] for x in logged if "group_size" in x] == [8]  # 2 prompts x G=4
     err = bad_input(
         [
             *base,

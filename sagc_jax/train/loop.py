@@ -350,6 +350,7 @@ class Trainer:
             "prompts": num_groups,
             "rounds": used_rounds,
             "zero_variance_frac": float(np.mean(np.asarray(stats["zero_variance_p"]))),
+            "reward_failed_rows": sum(len(r.failed_rows) for r in rounds),
             "controller/lambda": ctrl.get("lambda", 0.0),
             "controller/s_t": ctrl["s_t"],
             "controller/straggler_rate": ctrl["straggler_rate"],
@@ -394,7 +395,6 @@ class Trainer:
         if self.step == 0:
             self.last_eval = self.evaluate()
             self.writer.write(0, self.last_eval)
-            self.initial_eval = dict(self.last_eval)
         bar = None
         if progress:
             from tqdm import tqdm
