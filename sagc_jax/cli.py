@@ -115,9 +115,8 @@ def _print_summary(title: str, summary: dict, out_dir: Path) -> None:
 def cmd_sft(args: argparse.Namespace) -> int:
     from flax import nnx
 
-    from sagc_jax.sampling.sampler import Sampler
     from sagc_jax.train.data import make_source
-    from sagc_jax.train.evaluate import evaluate_policy
+    from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
     from sagc_jax.train.policy import build_model
     from sagc_jax.train.sft import run_sft
 
@@ -130,13 +129,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     model = build_model(cfg, source.tokenizer, seed=cfg.sft.seed)
     graphdef, params = nnx.split(model)
     result = run_sft(cfg, (graphdef, params, source), out_dir, progress=cfg.logging.progress)
-    sampler = Sampler(
-        graphdef,
-        model.config,
-        eos_ids=(source.tokenizer.eos_id,),
-        pad_id=source.tokenizer.pad_id,
-        keep_cache=False,
-    )
+    sampler = policy_sampler(graphdef, model.config, source.tokenizer, keep_cache=False)
     result.update(evaluate_policy(sampler, result.pop("params"), source, cfg))
     _print_summary(f"sft done, wrote {out_dir}", result, out_dir)
     return 0
@@ -172,9 +165,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from flax import nnx
 
-    from sagc_jax.sampling.sampler import Sampler
     from sagc_jax.train.data import make_source
-    from sagc_jax.train.evaluate import evaluate_policy
+    from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
     from sagc_jax.train.policy import build_model, build_tokenizer, load_run_params
 
     cfg = load_config(args.config, args.overrides)
@@ -183,13 +175,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     model = build_model(cfg, source.tokenizer, seed=0)
     graphdef, params = nnx.split(model)
     params = load_run_params(args.checkpoint, params)
-    sampler = Sampler(
-        graphdef,
-        model.config,
-        eos_ids=(source.tokenizer.eos_id,),
-        pad_id=source.tokenizer.pad_id,
-        keep_cache=False,
-    )
+    sampler = policy_sampler(graphdef, model.config, source.tokenizer, keep_cache=False)
     result = evaluate_policy(sampler, params, source, cfg, args.num)
     print(f"eval {args.checkpoint}: " + ", ".join(f"{k}={v:.4g}" for k, v in result.items()))
     return 0

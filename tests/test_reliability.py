@@ -14,6 +14,8 @@ import time
 import jax
 import numpy as np
 import pytest
+from helpers import TINY as TRAIN_TINY
+from helpers import write_word_tokenizer
 
 from sagc_jax.cli import main
 from sagc_jax.config import load_config
@@ -21,18 +23,7 @@ from sagc_jax.train.checkpoint import CheckpointStore
 from sagc_jax.train.faults import CRASH_ENV
 from sagc_jax.train.loop import Trainer, TrainingDiverged
 
-TINY = [
-    "model.preset=tiny",
-    "sampling.max_new_tokens=12",
-    "sampling.prompt_buckets=[16]",
-    "data.max_terms=4",
-    "train.prompts_per_step=2",
-    "train.learning_rate=1e-3",
-    "train.eval_size=4",
-    "logging.progress=false",
-    "logging.tensorboard=false",
-    "controller.sagc.candidates=[2,4]",
-]
+TINY = [*TRAIN_TINY, "logging.tensorboard=false"]
 
 
 def sets(overrides):
@@ -236,7 +227,6 @@ def test_checkpoint_whose_tensors_do_not_match_its_config(tmp_path, capsys):
     from flax import nnx
 
     from sagc_jax.models import Decoder, get_preset, save_hf_checkpoint
-    from tests.test_train import write_word_tokenizer
 
     arch = get_preset("tiny").replace(vocab_size=64)
     save_hf_checkpoint(Decoder(arch, rngs=nnx.Rngs(0)), arch, str(tmp_path / "hf"))
@@ -274,8 +264,6 @@ def test_refused_resume_and_missing_paths_leave_files_untouched(tmp_path, capsys
     digest = tree_digest(run)
     err = bad_input([*base, "--set", "sampling.max_new_tokens=16"], capsys)
     assert "cannot resume" in err and "sampling.max_new_tokens" in err
-    from tests.test_train import write_word_tokenizer
-
     write_word_tokenizer(tmp_path / "tok")
     missing = [
         "data.task=dataset",

@@ -5,24 +5,13 @@ import json
 import jax
 import numpy as np
 import pytest
+from helpers import TINY, write_word_tokenizer
 
 from sagc_jax.cli import main
 from sagc_jax.config import load_config
 from sagc_jax.controller import GroupController
 from sagc_jax.sim import ReplayWorkload
 from sagc_jax.train.loop import Trainer
-
-TINY = [
-    "model.preset=tiny",
-    "sampling.max_new_tokens=12",
-    "sampling.prompt_buckets=[16]",
-    "data.max_terms=4",
-    "train.prompts_per_step=2",
-    "train.learning_rate=1e-3",
-    "train.eval_size=4",
-    "logging.progress=false",
-    "controller.sagc.candidates=[2,4]",
-]
 
 
 class CyclingController(GroupController):
@@ -220,45 +209,6 @@ def test_bad_batch_shapes_are_rejected():
     cfg = load_config(None, [*TINY, "train.batch_mode=budget", "train.rollout_budget=6"])
     with pytest.raises(ConfigError, match="rollout_budget = 6 is not divisible by G = 4"):
         Trainer(cfg, "/nonexistent/never-created")
-
-
-def write_word_tokenizer(path):
-    """A tiny word-level tokenizer.json + tokenizer_config.json with a chat template."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    words = [
-        "<pad>",
-        "<s>",
-        "</s>",
-        "<unk>",
-        "what",
-        "is",
-        "plus",
-        "the",
-        "answer",
-        "user:",
-        "assistant:",
-        *[str(i) for i in range(20)],
-    ]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.add_special_tokens(["<pad>", "<s>", "</s>"])
-    path.mkdir()
-    tok.save(str(path / "tokenizer.json"))
-    template = (
-        "{% for m in messages %}user: {{ m['content'] }} {% endfor %}"
-        "{% if add_generation_prompt %}assistant: {% endif %}"
-    )
-    (path / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "bos_token": "<s>",
-                "eos_token": "</s>",
-                "pad_token": "<pad>",
-                "chat_template": template,
-            }
-        )
-    )
 
 
 def test_dataset_task_with_a_tokenizer_and_math_reward(tmp_path, capsys):

@@ -6,7 +6,19 @@ import jax
 import numpy as np
 
 from sagc_jax.config import Config
+from sagc_jax.sampling.sampler import Sampler
 from sagc_jax.train.rollout import generate
+
+
+def policy_sampler(graphdef, model_config, tokenizer, keep_cache: bool = True) -> Sampler:
+    """A sampler of the policy that stops at the tokenizer's end token and pads with its pad."""
+    return Sampler(
+        graphdef,
+        model_config,
+        eos_ids=(tokenizer.eos_id,),
+        pad_id=tokenizer.pad_id,
+        keep_cache=keep_cache,
+    )
 
 
 def evaluate_policy(sampler, params, source, cfg: Config, num: int | None = None) -> dict:

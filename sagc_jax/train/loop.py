@@ -29,10 +29,9 @@ from sagc_jax.rl import (
     loss_normalizer,
     overlong_penalty,
 )
-from sagc_jax.sampling.sampler import Sampler
 from sagc_jax.train.checkpoint import CheckpointStore
 from sagc_jax.train.data import make_source
-from sagc_jax.train.evaluate import evaluate_policy
+from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
 from sagc_jax.train.faults import StopRequest, crash_point
 from sagc_jax.train.metrics import MetricsWriter
 from sagc_jax.train.optim import make_optimizer
@@ -138,16 +137,9 @@ class Trainer:
             microbatches=t.microbatches,
         )
         self.programs = PolicyPrograms(self.graphdef, self.tx)
-        eos = (self.tokenizer.eos_id,)
-        self.sampler = Sampler(
-            self.graphdef, self.model_config, eos_ids=eos, pad_id=self.tokenizer.pad_id
-        )
-        self.eval_sampler = Sampler(
-            self.graphdef,
-            self.model_config,
-            eos_ids=eos,
-            pad_id=self.tokenizer.pad_id,
-            keep_cache=False,
+        self.sampler = policy_sampler(self.graphdef, self.model_config, self.tokenizer)
+        self.eval_sampler = policy_sampler(
+            self.graphdef, self.model_config, self.tokenizer, keep_cache=False
         )
         self.root_key = jax.random.key(t.seed)
         self.step = 0
