@@ -136,12 +136,20 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from sagc_jax.train.loop import Trainer, TrainingDiverged
+    import jax
+
+    from sagc_jax.parallel import initialize, is_leader
 
     cfg = load_config(args.config, args.overrides)
+    initialize(args.coordinator, args.num_processes, args.process_id)  # before any device use
+    from sagc_jax.train.loop import Trainer, TrainingDiverged
+
     out_dir = _run_dir(cfg, args.config, "train")
     trainer = Trainer(cfg, out_dir)
-    if trainer.step:
+    leader = is_leader()
+    if leader:
+        print(f"train: {trainer.plan.describe()}, {jax.process_count()} process(es)")
+    if trainer.step and leader:
         print(f"train: resuming {out_dir} from step {trainer.step}")
     try:
         summary = trainer.run(progress=cfg.logging.progress)
@@ -152,13 +160,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         trainer.close()
     if summary["interrupted"]:
         signum = getattr(signal, summary["interrupted"])
-        print(
-            f"train: stopped by {summary['interrupted']} after step {summary['steps']}; "
-            f"checkpoint saved in {out_dir}; run the same command to resume",
-            file=sys.stderr,
-        )
+        if leader:
+            print(
+                f"train: stopped by {summary['interrupted']} after step {summary['steps']}; "
+                f"checkpoint saved in {out_dir}; run the same command to resume",
+                file=sys.stderr,
+            )
         return 128 + signum
-    _print_summary(f"train done, wrote {out_dir}", summary, out_dir)
+    if leader:
+        _print_summary(f"train done, wrote {out_dir}", summary, out_dir)
     return 0
 
 
@@ -246,6 +256,17 @@ def build_parser() -> argparse.ArgumentParser:
         "run resumes it from its latest checkpoint.",
     )
     _add_common(p)
+    dist = p.add_argument_group(
+        "multi-process (one process per host; every process runs the same command)"
+    )
+    dist.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="address of process 0 for jax.distributed, or 'auto' on Cloud TPU VMs / SLURM "
+        "(default: $JAX_COORDINATOR_ADDRESS if set, else one process)",
+    )
+    dist.add_argument("--num-processes", type=int, metavar="N", help="processes in the run")
+    dist.add_argument("--process-id", type=int, metavar="I", help="this process, 0..N-1")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="held-out accuracy and mean completion length of a run")

@@ -123,7 +123,12 @@ class ModelConfig(_Section):
     )
     param_dtype: str = option("float32", choices=("float32", "bfloat16"))
     compute_dtype: str = option("float32", choices=("float32", "bfloat16"))
-    remat: bool = option(False, help="rematerialise each decoder layer in the backward pass")
+    remat: str = option(
+        "none",
+        choices=("none", "full", "dots"),
+        help="rematerialisation of each decoder layer in the backward pass: none keeps every "
+        "activation, full recomputes the layer from its input, dots keeps the matmul outputs",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,6 +235,12 @@ class TrainConfig(_Section):
     warmup_steps: int = option(0, ge=0, help="optimizer updates of linear warm-up")
     weight_decay: float = option(0.0, ge=0.0)
     max_grad_norm: float = option(1.0, ge=0.0, help="0 disables clipping")
+    optimizer_dtype: str = option(
+        "float32",
+        choices=("float32", "param"),
+        help="float32: Adam moments in float32 and, with bfloat16 params, a float32 master copy "
+        "of the params; param: moments in the params' dtype, no master copy (least memory)",
+    )
     adam_b1: float = option(0.9, ge=0.0, lt=1.0)
     adam_b2: float = option(0.999, ge=0.0, lt=1.0)
     epochs: int = option(1, ge=1, help="optimisation passes over each rollout batch")

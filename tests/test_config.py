@@ -65,7 +65,7 @@ def test_wrong_type(tmp_path):
     assert msg == f"{path_of(tmp_path)}:2: sim.steps = 'many' has the wrong type; expected int"
     msg = error_of(write(tmp_path, "controller:\n  sagc:\n    candidates: [4, 8.5]\n"))
     assert "controller.sagc.candidates = 8.5 has the wrong type; expected int" in msg
-    msg = error_of(write(tmp_path, "model:\n  remat: 1\n"))
+    msg = error_of(write(tmp_path, "logging:\n  tensorboard: 1\n"))
     assert "expected bool" in msg
 
 

@@ -134,10 +134,11 @@ def test_cached_prefill_and_decode_equal_full_forward_with_left_padding(tiny):
         np.testing.assert_allclose(got_tv, want_tv, atol=1e-5)
 
 
-def test_remat_gives_same_logits_and_gradients(tiny):
+@pytest.mark.parametrize("policy", ["full", "dots"])
+def test_remat_gives_same_logits_and_gradients(tiny, policy):
     cfg = tiny[0].replace(num_layers=1)
     model = Decoder(cfg, rngs=nnx.Rngs(0))
-    remat_model = Decoder(cfg.replace(remat=True), rngs=nnx.Rngs(0))
+    remat_model = Decoder(cfg.replace(remat=policy), rngs=nnx.Rngs(0))
     tokens_bt = jnp.array([[1, 2, 3, 4, 5, 6]], jnp.int32)
 
     def loss(m):

@@ -12,6 +12,7 @@ from typing import Any
 import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+REMAT_POLICIES = ("none", "full", "dots")
 _FAMILIES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 
@@ -54,7 +55,7 @@ class DecoderConfig:
     max_position_embeddings: int = 2048
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
-    remat: bool = False
+    remat: str = "none"  # "none", "full" (recompute each layer) or "dots" (keep matmul outputs)
     bos_id: int | None = None
     eos_ids: tuple[int, ...] = ()
 
@@ -70,6 +71,10 @@ class DecoderConfig:
             raise ValueError(
                 f"DecoderConfig.num_heads={self.num_heads} is not a multiple of "
                 f"num_kv_heads={self.num_kv_heads} (grouped-query attention needs it)"
+            )
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(
+                f"DecoderConfig.remat={self.remat!r}; allowed: {', '.join(REMAT_POLICIES)}"
             )
         if self.head_dim % 2:
             raise ValueError(f"DecoderConfig.head_dim={self.head_dim} must be even for RoPE")

@@ -66,6 +66,14 @@ class Block(nnx.Module):
         return ax.constrain(x_btd, (ax.BATCH, ax.LENGTH, ax.ACT_EMBED)), kv_cache
 
 
+# What the backward pass keeps of a layer's forward ("none" keeps everything): "full" keeps
+# only the layer's input and recomputes the rest; "dots" also keeps the matmul outputs.
+_REMAT_POLICY = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
 def _block_forward(block: Block, x_btd, positions_bt, mask_bts):
     return block(x_btd, positions_bt, mask_bts)[0]
 
@@ -131,8 +139,8 @@ class Decoder(nnx.Module):
         positions_bt = default_positions_bt if positions_bt is None else positions_bt
         x_btd = self.embed(tokens_bt)
         forward = _block_forward
-        if self.config.remat:
-            forward = nnx.remat(_block_forward)
+        if self.config.remat != "none":
+            forward = nnx.remat(_block_forward, policy=_REMAT_POLICY[self.config.remat])
         for block in self.layers:
             x_btd = forward(block, x_btd, positions_bt, mask_bts)
         return x_btd

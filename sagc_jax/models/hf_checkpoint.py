@@ -145,7 +145,7 @@ def _shape(x) -> tuple[int, ...]:
 
 
 def load_hf_checkpoint(
-    path: str, dtype: str = "float32", compute_dtype: str | None = None, remat: bool = False
+    path: str, dtype: str = "float32", compute_dtype: str | None = None, remat: str = "none"
 ) -> tuple[Decoder, DecoderConfig]:
     """Reads a local transformers directory (config.json + safetensors) into a `Decoder`.
 

@@ -9,6 +9,8 @@ default, kept for the next call of the same shape.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -18,6 +20,7 @@ import numpy as np
 from flax import nnx
 
 from sagc_jax.models import Decoder, DecoderConfig, KVCache, init_cache
+from sagc_jax.parallel import ShardingPlan
 from sagc_jax.sampling.functions import sample_token
 
 
@@ -58,6 +61,11 @@ class Sampler:
     batch_sharding: optional `NamedSharding(mesh, P(axis))` splitting the rows across the
         devices of `axis` (data parallel; `state` replicated). Each device then runs its own
         decode loop and stops when its own rows are done; `num_decode_steps` is the maximum.
+    plan, state_shardings: a `ShardingPlan` and the shardings of `state` (FSDP / tensor / data
+        parallel, several processes): the program is jitted with those input and output
+        shardings, rows split over the plan's batch axes, the KV cache over rows and KV heads.
+        Calls then take each process's own rows (numpy) and return global arrays; `to_host`
+        gives each process its rows back.
     """
 
     def __init__(
@@ -69,19 +77,36 @@ class Sampler:
         pad_id: int = 0,
         keep_cache: bool = True,
         batch_sharding: jax.sharding.NamedSharding | None = None,
+        plan: ShardingPlan | None = None,
+        state_shardings=None,
     ):
+        if plan is not None and (batch_sharding is not None or state_shardings is None):
+            raise ValueError("Sampler: plan needs state_shardings and excludes batch_sharding")
         self.graphdef = graphdef
         self.config = config
         self.eos_ids = tuple(config.eos_ids if eos_ids is None else eos_ids)
         self.pad_id = int(pad_id)
         self.keep_cache = keep_cache
         self.batch_sharding = batch_sharding
+        self.plan = plan
         self.num_traces = 0  # incremented each time the generation program is traced
         self._cache: KVCache | None = None
         impl = self._generate_impl if batch_sharding is None else self._generate_per_shard
-        self._generate = jax.jit(
-            impl, static_argnames=("max_new_tokens",), donate_argnames=("cache",)
-        )
+        jit_kw = {}
+        self._empty_cache = functools.partial(init_cache, config)
+        if plan is not None:
+            cache = plan.cache(jax.eval_shape(lambda: init_cache(config, plan.batch_shards, 1)))
+            rows, scalar = plan.rows, plan.replicated
+            jit_kw = dict(
+                in_shardings=(state_shardings, rows, cache, scalar, scalar, scalar, scalar),
+                out_shardings=(SampleOutput(rows, rows, rows, rows, scalar), cache),
+            )
+            # Allocated in place, already split: no full-size cache on one device first.
+            self._empty_cache = jax.jit(
+                self._empty_cache, static_argnums=(0, 1), out_shardings=cache
+            )
+        # max_new_tokens (last, static) is positional: jit takes no keywords with shardings.
+        self._generate = jax.jit(impl, static_argnums=(7,), donate_argnums=(2,), **jit_kw)
 
     @classmethod
     def from_model(cls, model: Decoder, **kwargs) -> tuple[Sampler, nnx.State]:
@@ -100,17 +125,26 @@ class Sampler:
     def compile(self, state: nnx.State, batch: int, prompt_len: int, *, max_new_tokens: int):
         """Compiles the program for (batch, prompt_len, max_new_tokens) ahead of time, without
         running it; the next call of that shape reuses the executable (no recompile)."""
-        spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # noqa: E731
+
+        # Shapes with the shardings a real call has (they are part of the cache key).
+        def spec(x, sharding=None):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
         cache = jax.eval_shape(lambda: init_cache(self.config, batch, prompt_len + max_new_tokens))
+        prompts = jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32)
+        if self.plan is not None:
+            # (scalars are passed uncommitted, as in a real call)
+            cache = jax.tree.map(spec, cache, self.plan.cache(cache)._replace(index=None))
+            prompts = spec(prompts, self.plan.rows)
         self._generate.lower(
-            jax.tree.map(spec, state),
-            jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32),
+            jax.tree.map(lambda x: spec(x, getattr(x, "sharding", None)), state),
+            prompts,
             cache,
             jax.random.key(0),
             jnp.float32(1.0),
             jnp.float32(1.0),
             jnp.int32(0),
-            max_new_tokens=max_new_tokens,
+            max_new_tokens,
         ).compile()
 
     def __call__(
@@ -133,23 +167,28 @@ class Sampler:
         """
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens}; must be >= 1")
-        prompt_ids_bt = jnp.asarray(prompt_ids_bt, jnp.int32)
-        batch, prompt_len = prompt_ids_bt.shape
+        if self.plan is None:
+            prompt_ids_bt = jnp.asarray(prompt_ids_bt, jnp.int32)
+        local_batch, prompt_len = prompt_ids_bt.shape
         lens_b = np.asarray(prompt_lens_b, np.int32)
-        if lens_b.shape != (batch,) or lens_b.min() < 1 or lens_b.max() > prompt_len:
+        if lens_b.shape != (local_batch,) or lens_b.min() < 1 or lens_b.max() > prompt_len:
             raise ValueError(
-                f"prompt_lens_b {lens_b.tolist()} must have shape ({batch},) and values in "
+                f"prompt_lens_b {lens_b.tolist()} must have shape ({local_batch},) and values in "
                 f"[1, {prompt_len}] for prompt_ids_bt of shape {tuple(prompt_ids_bt.shape)}"
             )
-        start_b = jnp.asarray(prompt_len - lens_b, jnp.int32)
-        shape = (batch, prompt_len + max_new_tokens)
+        start_b = np.asarray(prompt_len - lens_b, np.int32)
+        if self.plan is not None:  # this process's rows -> global arrays
+            prompt_ids_bt, start_b = self.plan.global_rows(
+                (np.asarray(prompt_ids_bt, np.int32), start_b)
+            )
+        shape = (prompt_ids_bt.shape[0], prompt_len + max_new_tokens)
         cache = self._cache
         if cache is None or (len(cache.start_b), cache.v_lbksh[0].shape[2]) != shape:
-            cache = init_cache(self.config, *shape)
+            cache = self._empty_cache(*shape)
         self._cache = None
         # Stale keys/values from an earlier call are never read: slots before start_b and from
         # index on are masked, and prefill rewrites every slot in between.
-        cache = cache._replace(start_b=start_b, index=jnp.zeros((), jnp.int32))
+        cache = cache._replace(start_b=jnp.asarray(start_b), index=jnp.zeros((), jnp.int32))
         if self.batch_sharding is not None:
             prompt_ids_bt, cache = self._place(prompt_ids_bt, cache)
         out, cache = self._generate(
@@ -160,11 +199,17 @@ class Sampler:
             jnp.asarray(temperature, jnp.float32),
             jnp.asarray(top_p, jnp.float32),
             jnp.asarray(top_k, jnp.int32),
-            max_new_tokens=max_new_tokens,
+            max_new_tokens,
         )
         if self.keep_cache:
             self._cache = cache
         return out
+
+    def to_host(self, out: SampleOutput) -> SampleOutput:
+        """``out`` as numpy, only this process's rows when the sampler has a plan."""
+        if self.plan is not None:
+            return self.plan.local_rows(out)
+        return jax.device_get(out)
 
     def _place(self, prompt_ids_bt: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
         """Puts batch-leading arrays on `batch_sharding`, the cache index replicated."""
@@ -180,7 +225,7 @@ class Sampler:
         return jax.device_put(prompt_ids_bt, self.batch_sharding), jax.device_put(cache, shardings)
 
     def _generate_per_shard(
-        self, state, prompt_ids_bt, cache, key, temperature, top_p, top_k, *, max_new_tokens
+        self, state, prompt_ids_bt, cache, key, temperature, top_p, top_k, max_new_tokens
     ):
         """`_generate_impl` on each device's rows (shard_map): every device leaves its decode loop
         when its own rows are done, with no cross-device sync per step. Each shard draws from
@@ -218,9 +263,24 @@ class Sampler:
         return out._replace(num_decode_steps=jnp.max(out.num_decode_steps)), cache
 
     def _generate_impl(
-        self, state, prompt_ids_bt, cache, key, temperature, top_p, top_k, *, max_new_tokens
+        self, state, prompt_ids_bt, cache, key, temperature, top_p, top_k, max_new_tokens
     ):
         self.num_traces += 1  # Python side effect: runs once per trace, never per call
+        with self.plan.activate() if self.plan is not None else contextlib.nullcontext():
+            return self._generate_traced(
+                state,
+                prompt_ids_bt,
+                cache,
+                key,
+                temperature,
+                top_p,
+                top_k,
+                max_new_tokens=max_new_tokens,
+            )
+
+    def _generate_traced(
+        self, state, prompt_ids_bt, cache, key, temperature, top_p, top_k, *, max_new_tokens
+    ):
         model = nnx.merge(self.graphdef, state)
         batch = prompt_ids_bt.shape[0]
         eos_e = jnp.asarray(self.eos_ids, jnp.int32).reshape(-1)

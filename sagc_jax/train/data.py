@@ -21,19 +21,33 @@ class Prompt:
 
 
 class PromptSource:
-    """Base class: ``batch`` / ``heldout`` give prompts; ``encode`` turns one into token ids."""
+    """Base class: ``batch`` / ``heldout`` give prompts; ``encode`` turns one into token ids.
+
+    Multi-process runs build one source per process (``shard_index`` of ``num_shards``) and
+    ``batch`` gives that process its share of the step's prompts.
+    """
 
     tokenizer: object
     reward_fn: Callable
     rounds_per_step: int = 1
+    shard_index: int = 0
+    num_shards: int = 1
 
     def _train_prompt(self, position: int) -> Prompt:
         raise NotImplementedError
 
+    def _first_position(self, step: int, round_: int, num_prompts: int) -> int:
+        """Position of this shard's first prompt: its slice of the global batch."""
+        local = num_prompts // self.num_shards
+        return (step * self.rounds_per_step + round_) * num_prompts + self.shard_index * local
+
     def batch(self, step: int, round_: int, num_prompts: int) -> list[Prompt]:
-        """Prompts of rollout round ``round_`` of step ``step`` (rounds > 0: dynamic sampling)."""
-        start = (step * self.rounds_per_step + round_) * num_prompts
-        return [self._train_prompt(start + i) for i in range(num_prompts)]
+        """This shard's ``num_prompts / num_shards`` prompts of rollout round ``round_`` of step
+        ``step`` (rounds > 0: dynamic sampling); ``num_prompts`` counts every shard's."""
+        if num_prompts % self.num_shards:
+            raise ValueError(f"{num_prompts} prompts cannot be split into {self.num_shards} shards")
+        start = self._first_position(step, round_, num_prompts)
+        return [self._train_prompt(start + i) for i in range(num_prompts // self.num_shards)]
 
     def heldout(self, num: int) -> list[Prompt]:
         raise NotImplementedError
@@ -45,7 +59,7 @@ class PromptSource:
 class SyntheticSource(PromptSource):
     """The built-in running-sum task with its character tokenizer."""
 
-    def __init__(self, cfg: Config, rounds_per_step: int = 1):
+    def __init__(self, cfg: Config, rounds_per_step: int = 1, shard_index=0, num_shards=1):
         d = cfg.data
         self.task = SyntheticTask(
             min_terms=d.min_terms,
@@ -58,6 +72,7 @@ class SyntheticSource(PromptSource):
         self.tokenizer = CharTokenizer()
         self.reward_fn = resolve_reward("synthetic" if d.reward == "auto" else d.reward)
         self.rounds_per_step = rounds_per_step
+        self.shard_index, self.num_shards = shard_index, num_shards
 
     def _train_prompt(self, position: int) -> Prompt:
         p = self.task.problem(position, "train")
@@ -76,7 +91,9 @@ class SyntheticSource(PromptSource):
 class DatasetSource(PromptSource):
     """Rows ``{prompt, answer}`` of a JSONL/Parquet file, reshuffled every epoch.
 
-    In multi-process runs each process loads only its shard (``shard_index`` of ``num_shards``).
+    In multi-process runs each process loads only its shard of the rows (``shard_index`` of
+    ``num_shards``) and walks through it on its own: its prompts are a function of (step, round,
+    index) within the shard.
     """
 
     def __init__(
@@ -93,9 +110,13 @@ class DatasetSource(PromptSource):
         self.tokenizer = tokenizer
         self.reward_fn = resolve_reward("math" if d.reward == "auto" else d.reward)
         self.rounds_per_step = rounds_per_step
+        self.shard_index, self.num_shards = shard_index, num_shards
         self.chat_template = d.chat_template
         self.seed = d.seed
         self._orders: dict[int, np.ndarray] = {}
+
+    def _first_position(self, step: int, round_: int, num_prompts: int) -> int:
+        return (step * self.rounds_per_step + round_) * (num_prompts // self.num_shards)
 
     def _train_prompt(self, position: int) -> Prompt:
         epoch, offset = divmod(position, len(self.rows))
@@ -121,5 +142,5 @@ class DatasetSource(PromptSource):
 def make_source(cfg: Config, tokenizer=None, shard_index: int = 0, num_shards: int = 1):
     rounds = cfg.loss.max_sampling_rounds if cfg.loss.dynamic_sampling else 1
     if cfg.data.task == "synthetic":
-        return SyntheticSource(cfg, rounds)
+        return SyntheticSource(cfg, rounds, shard_index, num_shards)
     return DatasetSource(cfg, tokenizer, rounds, shard_index, num_shards)

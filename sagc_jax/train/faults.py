@@ -52,14 +52,22 @@ class StopRequest:
             signal.signal(sig, handler)
 
     def should_stop(self, step: int) -> bool:
-        """True when a stop was requested here, or, multi-process, on any process."""
+        """True when a stop was requested here or, multi-process, on any process (a signal to
+        one of them, or a preemption notice at JAX's sync point): all then stop at this step.
+        A stop that came from elsewhere is recorded as SIGTERM."""
         import jax
 
-        if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
+        if jax.process_count() == 1:
+            return self.signum is not None
+        from jax.experimental import multihost_utils
 
-            return self.signum is not None or multihost_utils.reached_preemption_sync_point(step)
-        return self.signum is not None
+        from sagc_jax.parallel import any_process
+
+        stop = any_process(self.signum is not None)
+        stop = multihost_utils.reached_preemption_sync_point(step) or stop
+        if stop and self.signum is None:
+            self.signum = signal.SIGTERM
+        return stop
 
     @property
     def name(self) -> str:

@@ -17,16 +17,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from sagc_jax.config import Config, ConfigError, to_dict
 from sagc_jax.controller import make_controller
+from sagc_jax.parallel import ShardingPlan, any_process, from_leader, gather_rows, is_leader
 from sagc_jax.rl import (
     ALGORITHMS,
     completion_mask,
     group_advantages,
     informative_groups,
-    loss_normalizer,
     overlong_penalty,
 )
 from sagc_jax.train.checkpoint import CheckpointStore
@@ -35,8 +34,8 @@ from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
 from sagc_jax.train.faults import StopRequest, crash_point
 from sagc_jax.train.metrics import MetricsWriter
 from sagc_jax.train.optim import make_optimizer
-from sagc_jax.train.policy import build_model, build_tokenizer, load_run_params
-from sagc_jax.train.programs import PolicyPrograms, UpdateSettings
+from sagc_jax.train.policy import build_sharded_policy, build_tokenizer, load_run_params
+from sagc_jax.train.programs import PolicyPrograms, StateShardings, UpdateSettings
 from sagc_jax.train.rollout import Rollouts, generate
 
 # Keys of the config that may change when a run is resumed (the rest must match).
@@ -58,10 +57,18 @@ def prompts_for(cfg: Config, group_size: int) -> int:
     return cfg.train.rollout_budget // group_size
 
 
-def check_batch_shapes(cfg: Config, candidates: tuple[int, ...]) -> None:
-    """Every candidate G must give a batch the update can split into (micro)batches."""
+def check_batch_shapes(
+    cfg: Config, candidates: tuple[int, ...], batch_shards: int = 1, processes: int = 1
+) -> None:
+    """Every candidate G must give a batch the update can split into (micro)batches, the mesh
+    into equal row shards and the processes into equal shares of whole groups."""
     t = cfg.train
     parts = t.minibatches * t.microbatches
+    if batch_shards % processes:
+        raise ConfigError(
+            f"mesh.data x mesh.fsdp = {batch_shards} batch shards is not a multiple of the "
+            f"{processes} processes: every process must hold its own rows"
+        )
     for g in candidates:
         if t.batch_mode == "budget" and t.rollout_budget % g:
             raise ConfigError(
@@ -73,6 +80,16 @@ def check_batch_shapes(cfg: Config, candidates: tuple[int, ...]) -> None:
             raise ConfigError(
                 f"at G = {g} a step has {prompts * g} rollouts, which train.minibatches x "
                 f"train.microbatches = {parts} does not divide"
+            )
+        if (prompts * g) % batch_shards:
+            raise ConfigError(
+                f"at G = {g} a step has {prompts * g} rollouts, which the {batch_shards} batch "
+                f"shards of the mesh (mesh.data x mesh.fsdp) do not divide"
+            )
+        if prompts % processes:
+            raise ConfigError(
+                f"at G = {g} a step has {prompts} prompts, which {processes} processes cannot "
+                f"share evenly (train.prompts_per_step / train.rollout_budget)"
             )
 
 
@@ -100,17 +117,23 @@ class Trainer:
         self.run_dir = Path(run_dir)
         if cfg.train.compilation_cache_dir:
             jax.config.update("jax_compilation_cache_dir", cfg.train.compilation_cache_dir)
+        self.plan = ShardingPlan.from_config(cfg.mesh)
         self.source = make_source(
-            cfg, build_tokenizer(cfg) if cfg.data.task != "synthetic" else None
+            cfg,
+            build_tokenizer(cfg) if cfg.data.task != "synthetic" else None,
+            shard_index=jax.process_index(),
+            num_shards=jax.process_count(),
         )
         self.tokenizer = self.source.tokenizer
-        model = build_model(cfg, self.tokenizer, seed=cfg.train.seed)
-        self.model_config = model.config
-        self.graphdef, self.params = nnx.split(model)
+        self.controller = make_controller(cfg.controller)
+        check_batch_shapes(
+            cfg, self.controller.candidates, self.plan.batch_shards, jax.process_count()
+        )
+        self.graphdef, self.params, self.model_config, param_shardings = build_sharded_policy(
+            cfg, self.tokenizer, cfg.train.seed, self.plan
+        )
         if cfg.train.init_checkpoint:
             self.params = load_run_params(cfg.train.init_checkpoint, self.params)
-        self.controller = make_controller(cfg.controller)
-        check_batch_shapes(cfg, self.controller.candidates)
         t = cfg.train
         self.tx = make_optimizer(
             t.learning_rate,
@@ -121,9 +144,17 @@ class Trainer:
             max_grad_norm=t.max_grad_norm,
             b1=t.adam_b1,
             b2=t.adam_b2,
+            state_dtype=t.optimizer_dtype,
+            param_dtype=cfg.model.param_dtype,
         )
-        self.opt_state = self.tx.init(self.params)
-        self.ref_params = jax.tree.map(jnp.copy, self.params) if cfg.loss.kl_beta > 0 else None
+        opt_shardings = self.plan.opt_state(
+            self.tx, jax.eval_shape(self.tx.init, self.params), param_shardings
+        )
+        self.opt_state = jax.jit(self.tx.init, out_shardings=opt_shardings)(self.params)
+        self.ref_params = None
+        if cfg.loss.kl_beta > 0:
+            copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=param_shardings)
+            self.ref_params = copy(self.params)
         aggregation, self.scale_by_std = ALGORITHMS[cfg.loss.algorithm]
         self.settings = UpdateSettings(
             aggregation=aggregation,
@@ -132,14 +163,19 @@ class Trainer:
             kl_beta=cfg.loss.kl_beta,
             # the sampler reports log_softmax(logits) when greedy (temperature 0)
             temperature=cfg.sampling.temperature if cfg.sampling.temperature > 0 else 1.0,
+            max_new_tokens=cfg.sampling.max_new_tokens,
             epochs=t.epochs,
             minibatches=t.minibatches,
             microbatches=t.microbatches,
         )
-        self.programs = PolicyPrograms(self.graphdef, self.tx)
-        self.sampler = policy_sampler(self.graphdef, self.model_config, self.tokenizer)
+        shardings = StateShardings(
+            param_shardings, opt_shardings, param_shardings if cfg.loss.kl_beta > 0 else None
+        )
+        self.programs = PolicyPrograms(self.graphdef, self.tx, self.plan, shardings)
+        on_mesh = dict(plan=self.plan, state_shardings=param_shardings)
+        self.sampler = policy_sampler(self.graphdef, self.model_config, self.tokenizer, **on_mesh)
         self.eval_sampler = policy_sampler(
-            self.graphdef, self.model_config, self.tokenizer, keep_cache=False
+            self.graphdef, self.model_config, self.tokenizer, keep_cache=False, **on_mesh
         )
         self.root_key = jax.random.key(t.seed)
         self.step = 0
@@ -149,8 +185,12 @@ class Trainer:
         self.last_eval: dict[str, float] = {}
         self.interrupted = ""  # name of the signal that stopped the run, if one did
         self._resume()
+        self.leader = is_leader()  # only process 0 writes logs and prints
         self.writer = MetricsWriter(
-            self.run_dir, enabled=log, tensorboard=cfg.logging.tensorboard, resume_step=self.step
+            self.run_dir,
+            enabled=log and self.leader,
+            tensorboard=cfg.logging.tensorboard,
+            resume_step=self.step,
         )
 
     # ------------------------------------------------------------------ checkpoints
@@ -207,7 +247,10 @@ class Trainer:
             t0 = time.perf_counter()
             self.sampler.compile(self.params, n, bucket, max_new_tokens=new)
             t1 = time.perf_counter()
-            spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
+
+            def spec(shape, dtype):  # as real batches are placed: rows split over the mesh
+                return jax.ShapeDtypeStruct(shape, dtype, sharding=self.plan.rows)
+
             batch = {
                 "prompt_ids": spec((n, bucket), jnp.int32),
                 "prompt_lens": spec((n,), jnp.int32),
@@ -215,7 +258,6 @@ class Trainer:
                 "old_logp": spec((n, new), jnp.float32),
                 "mask": spec((n, new), jnp.float32),
                 "adv": spec((n,), jnp.float32),
-                "normalizer": spec((), jnp.float32),
             }
             self.programs.compile_update(
                 self.params, self.opt_state, batch, key, self.settings, self.ref_params
@@ -238,6 +280,7 @@ class Trainer:
             buckets=s.prompt_buckets,
             reward_on_error=cfg.data.reward_on_error,
         )
+        local_prompts = num_prompts // jax.process_count()  # this process's groups
         rounds = []
         kept: list[Rollouts] = []
         kept_groups = 0
@@ -258,19 +301,20 @@ class Trainer:
             informative = np.flatnonzero(
                 informative_groups(self._shaped(r).reshape(-1, group_size))
             )
-            take = informative[: num_prompts - kept_groups]
+            take = informative[: local_prompts - kept_groups]
             if len(take):
                 kept.append(r.select_groups(take))
                 kept_groups += len(take)
-            if kept_groups == num_prompts:
+            # Every process samples the same number of rounds (the sampler is one program).
+            if not any_process(kept_groups < local_prompts):
                 break
-        if kept_groups < num_prompts:  # fill with zero-advantage groups to keep the shape
+        if kept_groups < local_prompts:  # fill with zero-advantage groups to keep the shape
             first = rounds[0]
             spare = np.setdiff1d(
-                np.arange(num_prompts),
+                np.arange(local_prompts),
                 np.flatnonzero(informative_groups(self._shaped(first).reshape(-1, group_size))),
             )
-            kept.append(first.select_groups(spare[: num_prompts - kept_groups]))
+            kept.append(first.select_groups(spare[: local_prompts - kept_groups]))
         return Rollouts.concat(kept), rounds, len(rounds)
 
     def _shaped(self, r: Rollouts) -> np.ndarray:
@@ -286,7 +330,7 @@ class Trainer:
     def train_step(self) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
-        g = self.controller.propose()
+        g = self._agreed_group_size()
         key = jax.random.fold_in(self.root_key, self.step)
         rollout_key, update_key = jax.random.split(key)
         crash_point("rollout", self.step)
@@ -304,17 +348,16 @@ class Trainer:
             batch.completion.shape[1],
             batch.truncated if cfg.loss.mask_truncated else None,
         )
-        update_batch = {
-            "prompt_ids": batch.prompt_ids,
-            "prompt_lens": batch.prompt_lens,
-            "completion": batch.completion,
-            "old_logp": batch.logprobs,
-            "mask": mask,
-            "adv": np.asarray(adv),
-            "normalizer": loss_normalizer(
-                mask, self.settings.aggregation, cfg.sampling.max_new_tokens
-            ),
-        }
+        update_batch = self.plan.global_rows(  # this process's rows -> global arrays
+            {
+                "prompt_ids": batch.prompt_ids,
+                "prompt_lens": batch.prompt_lens,
+                "completion": batch.completion,
+                "old_logp": batch.logprobs,
+                "mask": mask,
+                "adv": np.asarray(adv, np.float32),
+            }
+        )
         t1 = time.perf_counter()
         crash_point("update", self.step)
         self.params, self.opt_state, upd = self.programs.update(
@@ -323,26 +366,32 @@ class Trainer:
         upd = {k: float(v) for k, v in jax.device_get(upd).items()}
         t_update = time.perf_counter() - t1
 
+        # Statistics of every process's rows (each process holds only its own).
         all_rounds = Rollouts.concat(rounds)
-        ctrl = self.controller.observe(all_rounds.lengths_pg)
+        lengths = gather_rows(all_rounds.lengths)
+        rewards = gather_rows(rewards)
+        ctrl = self.controller.observe(lengths.reshape(-1, g))
         self.step += 1
         total = time.perf_counter() - t0
-        generated = int(all_rounds.lengths.sum())
-        lengths = all_rounds.lengths
+        generated = int(lengths.sum())
+        local_counts = np.array(
+            [[sum(len(r.failed_rows) for r in rounds), int(batch.prompt_lens.sum())]]
+        )
+        failed_rows, prompt_tokens = gather_rows(local_counts).sum(axis=0)
         record = {
             "reward": float(rewards.mean()),
-            "reward_raw": float(batch.rewards.mean()),
-            "accuracy": float(np.mean(all_rounds.rewards >= 1.0)),
+            "reward_raw": float(gather_rows(batch.rewards).mean()),
+            "accuracy": float(np.mean(gather_rows(all_rounds.rewards) >= 1.0)),
             "length/mean": float(lengths.mean()),
             "length/max": int(lengths.max()),
             "length/min": int(lengths.min()),
             "length/median": float(np.median(lengths)),
-            "truncated_frac": float(all_rounds.truncated.mean()),
+            "truncated_frac": float(gather_rows(all_rounds.truncated).mean()),
             "group_size": g,
-            "prompts": num_groups,
+            "prompts": len(rewards) // g,
             "rounds": used_rounds,
-            "zero_variance_frac": float(np.mean(np.asarray(stats["zero_variance_p"]))),
-            "reward_failed_rows": sum(len(r.failed_rows) for r in rounds),
+            "zero_variance_frac": float(np.mean(gather_rows(np.asarray(stats["zero_variance_p"])))),
+            "reward_failed_rows": int(failed_rows),
             "controller/lambda": ctrl.get("lambda", 0.0),
             "controller/s_t": ctrl["s_t"],
             "controller/straggler_rate": ctrl["straggler_rate"],
@@ -359,14 +408,26 @@ class Trainer:
             "compiles/update": self.programs.compiled_programs()["update"],
             **{f"update/{k}": v for k, v in upd.items()},
             "group_ratios": ctrl["group_ratios"],
-            "lengths": all_rounds.lengths_pg,
-            "prompt_tokens": int(batch.prompt_lens.mean()),
+            "lengths": lengths.reshape(-1, g),
+            "prompt_tokens": int(prompt_tokens) // len(rewards),
         }
         if record["controller/posterior_mean"] is None:
             del record["controller/posterior_mean"]
         if upd.get("skipped", 0) > 0:
             record["warning"] = "non-finite loss or gradient: update skipped"
         return record
+
+    def _agreed_group_size(self) -> int:
+        """The controller's G, checked to be process 0's (the controllers of all processes see
+        the same gathered statistics, so they must agree)."""
+        g = self.controller.propose()
+        leader_g = int(from_leader(np.int32(g)))
+        if leader_g != g:
+            raise RuntimeError(
+                f"process {jax.process_index()}: the controller proposed G = {g} at step "
+                f"{self.step} but process 0's proposed G = {leader_g}; their states diverged"
+            )
+        return g
 
     # ------------------------------------------------------------------ evaluation
 
@@ -388,7 +449,7 @@ class Trainer:
             self.last_eval = self.evaluate()
             self.writer.write(0, self.last_eval)
         bar = None
-        if progress:
+        if progress and self.leader:
             from tqdm import tqdm
 
             bar = tqdm(
@@ -432,8 +493,9 @@ class Trainer:
                 due = (
                     (every_ckpt and self.step % every_ckpt == 0)
                     or self.step == total_steps
-                    or (minutes and time.perf_counter() - last_save >= 60 * minutes)
                     or stopping
+                    # clocks differ between processes: all save when any is due
+                    or any_process(minutes and time.perf_counter() - last_save >= 60 * minutes)
                 )
                 if due:
                     self.save()

@@ -10,6 +10,7 @@ from flax import nnx
 
 from sagc_jax.config import Config, ConfigError
 from sagc_jax.models import Decoder, DecoderConfig, Tokenizer, get_preset, load_hf_checkpoint
+from sagc_jax.parallel import ShardingPlan
 from sagc_jax.tasks import CharTokenizer
 from sagc_jax.train.checkpoint import CheckpointStore
 
@@ -40,6 +41,33 @@ def build_model(cfg: Config, tokenizer, seed: int) -> Decoder:
             m.hf_checkpoint, dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat
         )
         return model
+    return Decoder(preset_architecture(cfg, tokenizer), rngs=nnx.Rngs(seed))
+
+
+def build_sharded_policy(cfg: Config, tokenizer, seed: int, plan: ShardingPlan):
+    """(graphdef, params, architecture, param shardings) with the params placed by ``plan``.
+
+    A random preset is initialised inside one program whose outputs are already split, so no
+    device ever holds the whole model; HF weights are read on the host, then placed.
+    """
+    if cfg.model.hf_checkpoint:
+        model = build_model(cfg, tokenizer, seed)
+        graphdef, params = nnx.split(model)
+        shardings = plan.params(params)
+        return graphdef, jax.device_put(params, shardings), model.config, shardings
+    arch = preset_architecture(cfg, tokenizer)
+
+    def init():
+        return nnx.split(Decoder(arch, rngs=nnx.Rngs(seed)))[1]
+
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Decoder(arch, rngs=nnx.Rngs(seed))))
+    shardings = plan.params(abstract)
+    return graphdef, jax.jit(init, out_shardings=shardings)(), arch, shardings
+
+
+def preset_architecture(cfg: Config, tokenizer) -> DecoderConfig:
+    """The architecture of ``model.preset`` with the configured dtypes and remat policy."""
+    m = cfg.model
     try:
         arch: DecoderConfig = get_preset(m.preset)
     except (KeyError, ValueError) as err:
@@ -53,7 +81,7 @@ def build_model(cfg: Config, tokenizer, seed: int) -> Decoder:
     )
     if isinstance(tokenizer, CharTokenizer):  # a small vocab keeps the CPU demo fast
         arch = arch.replace(vocab_size=tokenizer.vocab_size)
-    return Decoder(arch, rngs=nnx.Rngs(seed))
+    return arch
 
 
 def load_run_params(run_dir: str | Path, params):
@@ -65,7 +93,11 @@ def load_run_params(run_dir: str | Path, params):
     step = store.latest_step()
     if step is None:
         raise ConfigError(f"{ckpt_dir}: no complete checkpoint (train.init_checkpoint)")
-    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+    # Restored straight into the shardings of ``params`` (one piece per device).
+    target = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+        params,
+    )
     try:
         items, _ = store.restore(step, {"params": target})
     finally:

@@ -8,14 +8,18 @@ reports the cache sizes so tests and logs can catch recompiles.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from sagc_jax.rl import policy_loss
+from sagc_jax.models import axes as ax
+from sagc_jax.parallel import ShardingPlan
+from sagc_jax.rl import loss_normalizer, policy_loss
 
 
 def completion_logprobs(model, prompt_ids_bt, prompt_lens_b, completion_bt, temperature):
@@ -34,6 +38,11 @@ def completion_logprobs(model, prompt_ids_bt, prompt_lens_b, completion_bt, temp
     return jnp.take_along_axis(logp_btv, completion_bt[..., None], axis=-1)[..., 0]
 
 
+def split_rows(x: jax.Array) -> jax.Array:
+    """``x`` with its leading (row) axis split over the mesh's batch axes (under a plan)."""
+    return ax.constrain(x, (ax.BATCH,) + (None,) * (x.ndim - 1))
+
+
 @dataclasses.dataclass(frozen=True)
 class UpdateSettings:
     """Static settings of the update program (hashable: part of the jit cache key)."""
@@ -43,23 +52,68 @@ class UpdateSettings:
     eps_high: float
     kl_beta: float
     temperature: float
+    max_new_tokens: int
     epochs: int = 1
     minibatches: int = 1
     microbatches: int = 1
 
 
-class PolicyPrograms:
-    """Holds the model's graphdef, the optimizer and the jitted programs."""
+# The update's batch: every entry has one row per rollout (split over the mesh's batch axes).
+BATCH_KEYS = ("prompt_ids", "prompt_lens", "completion", "old_logp", "mask", "adv")
 
-    def __init__(self, graphdef: nnx.GraphDef, tx: optax.GradientTransformation):
+
+@dataclasses.dataclass(frozen=True)
+class StateShardings:
+    """Where the trained state lives on the mesh (pytrees of ``NamedSharding``)."""
+
+    params: Any
+    opt_state: Any
+    ref_params: Any = None  # None when there is no reference model
+
+
+class PolicyPrograms:
+    """Holds the model's graphdef, the optimizer and the jitted programs.
+
+    With a ``ShardingPlan`` (and the state's shardings) both programs are jitted with explicit
+    input and output shardings: parameters and optimizer state stay where the plan put them,
+    batch rows are split over the mesh's batch axes, metrics come back replicated, and the
+    activations follow the plan's logical-axis rules.
+    """
+
+    def __init__(
+        self,
+        graphdef: nnx.GraphDef,
+        tx: optax.GradientTransformation,
+        plan: ShardingPlan | None = None,
+        shardings: StateShardings | None = None,
+    ):
         self.graphdef = graphdef
         self.tx = tx
+        self.plan = plan
+        update_kw, logprobs_kw = {}, {}
+        if plan is not None:
+            if shardings is None:
+                raise ValueError("PolicyPrograms with a ShardingPlan needs the state's shardings")
+            rows, scalar = plan.rows, plan.replicated
+            batch = dict.fromkeys(BATCH_KEYS, rows)
+            update_kw = dict(
+                in_shardings=(
+                    shardings.params,
+                    shardings.opt_state,
+                    shardings.ref_params,
+                    batch,
+                    scalar,
+                ),
+                out_shardings=(shardings.params, shardings.opt_state, scalar),
+            )
+            logprobs_kw = dict(
+                in_shardings=(shardings.params, rows, rows, rows, scalar), out_shardings=rows
+            )
+        # settings (last, static) is positional: jit takes no keywords with shardings.
         self._update = jax.jit(
-            self._update_impl,
-            static_argnames=("settings",),
-            donate_argnames=("params", "opt_state"),
+            self._update_impl, static_argnums=(5,), donate_argnums=(0, 1), **update_kw
         )
-        self._logprobs = jax.jit(self._logprobs_impl)
+        self._logprobs = jax.jit(self._logprobs_impl, **logprobs_kw)
         # Python side effects in the traced functions count traces of *this* instance (a jit
         # cache of a method is shared by every instance of the class).
         self.traces = {"update": 0, "logprobs": 0}
@@ -68,6 +122,9 @@ class PolicyPrograms:
         """Programs traced (each one compiled) so far, per program of this instance."""
         return dict(self.traces)
 
+    def _rules(self):
+        return self.plan.activate() if self.plan is not None else contextlib.nullcontext()
+
     def logprobs(self, params, prompt_ids_bt, prompt_lens_b, completion_bt, temperature):
         return self._logprobs(
             params, prompt_ids_bt, prompt_lens_b, completion_bt, jnp.float32(temperature)
@@ -75,36 +132,45 @@ class PolicyPrograms:
 
     def _logprobs_impl(self, params, prompt_ids_bt, prompt_lens_b, completion_bt, temperature):
         self.traces["logprobs"] += 1
-        model = nnx.merge(self.graphdef, params)
-        return completion_logprobs(model, prompt_ids_bt, prompt_lens_b, completion_bt, temperature)
+        with self._rules():
+            model = nnx.merge(self.graphdef, params)
+            return completion_logprobs(
+                model, prompt_ids_bt, prompt_lens_b, completion_bt, temperature
+            )
 
     def update(
         self, params, opt_state, batch: dict, key, settings: UpdateSettings, ref_params=None
     ):
         """Runs ``epochs x minibatches`` optimizer updates on one rollout batch.
 
-        batch: prompt_ids [N, P], prompt_lens [N], completion [N, L], old_logp [N, L] (rollout
-        time), mask [N, L], adv [N], normalizer [] (whole-batch loss denominator). N must divide
-        by minibatches x microbatches. Returns (params, opt_state, metrics averaged over updates);
-        an update whose loss or gradient is not finite is skipped and counted in ``skipped``.
+        batch (``BATCH_KEYS``): prompt_ids [N, P], prompt_lens [N], completion [N, L], old_logp
+        [N, L] (rollout time), mask [N, L], adv [N]; numpy or (multi-process: must be) global
+        arrays. N must divide by minibatches x microbatches. Returns (params, opt_state, metrics
+        averaged over updates); an update whose loss or gradient is not finite is skipped and
+        counted in ``skipped``.
         """
-        return self._update(params, opt_state, ref_params, batch, key, settings=settings)
+        return self._update(params, opt_state, ref_params, batch, key, settings)
 
     def compile_update(
         self, params, opt_state, batch, key, settings: UpdateSettings, ref_params=None
     ) -> None:
         """Compile the update for ``batch``'s shapes ahead of time (arrays or ShapeDtypeStructs);
         the next call with those shapes reuses the executable."""
-        self._update.lower(params, opt_state, ref_params, batch, key, settings=settings).compile()
+        self._update.lower(params, opt_state, ref_params, batch, key, settings).compile()
 
-    def _update_impl(self, params, opt_state, ref_params, batch, key, *, settings: UpdateSettings):
+    def _update_impl(self, params, opt_state, ref_params, batch, key, settings: UpdateSettings):
         self.traces["update"] += 1
+        with self._rules():
+            return self._update_traced(params, opt_state, ref_params, batch, key, settings)
+
+    def _update_traced(self, params, opt_state, ref_params, batch, key, settings: UpdateSettings):
         n = batch["adv"].shape[0]
         mb, micro = settings.minibatches, settings.microbatches
         mb_rows, micro_rows = n // mb, n // (mb * micro)
         # Every mini-batch is normalised by its share of the whole-batch denominator, so the
         # objective of one optimizer update is the full-batch loss restricted to its rows.
-        normalizer = batch["normalizer"] / mb
+        normalizer = loss_normalizer(batch["mask"], settings.aggregation, settings.max_new_tokens)
+        normalizer = normalizer / mb
 
         def loss_fn(p, rows):
             model = nnx.merge(self.graphdef, p)
@@ -142,12 +208,16 @@ class PolicyPrograms:
             return loss, metrics
 
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-        per_row = {k: v for k, v in batch.items() if k != "normalizer"}
+        per_row = {k: batch[k] for k in BATCH_KEYS}
 
         def one_update(carry, idx_r):
             params, opt_state = carry
-            rows = jax.tree.map(lambda x: x[idx_r], per_row)
-            micro_rows_ = jax.tree.map(lambda x: x.reshape(micro, micro_rows, *x.shape[1:]), rows)
+            rows = jax.tree.map(lambda x: split_rows(x[idx_r]), per_row)
+            # Chunk c holds rows c, c + micro, ...: each chunk keeps the rows' split over the
+            # mesh's batch axes (a leading-axis reshape would put chunks on different devices).
+            micro_rows_ = jax.tree.map(
+                lambda x: jnp.swapaxes(x.reshape(micro_rows, micro, *x.shape[1:]), 0, 1), rows
+            )
 
             def accumulate(acc, chunk):
                 (loss, metrics), grads = grad_fn(params, chunk)

@@ -111,7 +111,7 @@ def generate(
         top_p=top_p,
         top_k=top_k,
     )
-    out = jax.device_get(out)
+    out = sampler.to_host(out)  # this process's rows
     completion = np.asarray(out.tokens_bt)
     lengths = np.asarray(out.lengths_b)
     eos = source.tokenizer.eos_id

@@ -1,0 +1,159 @@
+"""Run by tests/test_parallel.py in a subprocess with 8 simulated CPU devices
+(``XLA_FLAGS=--xla_force_host_platform_device_count=8``). Prints one JSON object.
+
+``sharded_worker.py update KL_BETA``: one greedy generation and two GRPO updates on several
+meshes (the first mesh is one device); ``sharded_worker.py trainer RUN_DIR``: a short run of the
+Trainer on a mesh, with the programs it compiled.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sagc_jax.config import MeshConfig, load_config
+from sagc_jax.parallel import ShardingPlan, bytes_per_device
+from sagc_jax.rl import completion_mask
+from sagc_jax.sampling import left_pad
+from sagc_jax.train.evaluate import policy_sampler
+from sagc_jax.train.optim import make_optimizer
+from sagc_jax.train.policy import build_sharded_policy
+from sagc_jax.train.programs import PolicyPrograms, StateShardings, UpdateSettings
+
+MESHES = {
+    "single": (1, 1, 1),
+    "fsdp2": (1, 2, 1),
+    "fsdp8": (1, 8, 1),
+    "tensor4": (1, 1, 4),
+    "mixed": (2, 2, 2),
+}
+ROWS, PROMPT, NEW = 16, 8, 8
+
+
+class _Tok:  # what the model builder and the sampler need of a tokenizer
+    bos_id, eos_id, pad_id = 1, 2, 0
+
+
+def batch():
+    rng = np.random.default_rng(0)
+    lens = rng.integers(2, PROMPT + 1, ROWS)
+    ids, _ = left_pad([rng.integers(3, 500, n).tolist() for n in lens], 0, (PROMPT,))
+    lengths = rng.integers(1, NEW + 1, ROWS)
+    return {
+        "prompt_ids": ids,
+        "prompt_lens": lens.astype(np.int32),
+        "completion": rng.integers(3, 500, (ROWS, NEW)).astype(np.int32),
+        "old_logp": rng.normal(-3.0, 0.5, (ROWS, NEW)).astype(np.float32),
+        "mask": completion_mask(lengths, NEW),
+        "adv": rng.normal(size=ROWS).astype(np.float32),
+    }
+
+
+def run(mesh_shape, devices, kl_beta):
+    cfg = load_config(None, ["model.preset=tiny", "data.task=synthetic"])
+    plan = ShardingPlan.from_config(MeshConfig(*mesh_shape), devices)
+    graphdef, params, arch, param_sh = build_sharded_policy(cfg, _Tok(), 0, plan)
+    tx = make_optimizer(1e-2, total_steps=10)
+    opt_sh = plan.opt_state(tx, jax.eval_shape(tx.init, params), param_sh)
+    opt_state = jax.jit(tx.init, out_shardings=opt_sh)(params)
+    ref = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=param_sh)(params)
+    programs = PolicyPrograms(
+        graphdef, tx, plan, StateShardings(param_sh, opt_sh, param_sh if kl_beta else None)
+    )
+    settings = UpdateSettings(
+        aggregation="token_mean",
+        eps_low=0.2,
+        eps_high=0.28,
+        kl_beta=kl_beta,
+        temperature=1.0,
+        max_new_tokens=NEW,
+        minibatches=2,
+        microbatches=2,
+    )
+    param_bytes = bytes_per_device(params)
+    opt_bytes = bytes_per_device(opt_state)
+    sampler = policy_sampler(graphdef, arch, _Tok(), plan=plan, state_shardings=param_sh)
+    b = batch()
+    out = sampler.to_host(
+        sampler(
+            params,
+            b["prompt_ids"],
+            b["prompt_lens"],
+            jax.random.key(1),
+            max_new_tokens=NEW,
+            temperature=0.0,
+        )
+    )
+    cache_bytes = bytes_per_device(sampler._cache)
+    params, opt_state, metrics = programs.update(
+        params,
+        opt_state,
+        plan.global_rows(b),
+        jax.random.key(0),
+        settings,
+        ref if kl_beta else None,
+    )
+    # a second call with the same shapes must reuse the program
+    params, opt_state, _ = programs.update(
+        params,
+        opt_state,
+        plan.global_rows(b),
+        jax.random.key(0),
+        settings,
+        ref if kl_beta else None,
+    )
+    return {
+        "loss": float(metrics["loss"]),
+        "grad_norm": float(metrics["grad_norm"]),
+        "params": [np.asarray(x).ravel()[:64].tolist() for x in jax.tree.leaves(params)],
+        "param_bytes": param_bytes,
+        "opt_bytes": opt_bytes,
+        "cache_bytes": cache_bytes,
+        "tokens": np.asarray(out.tokens_bt).tolist(),
+        "logprobs": np.asarray(out.logprobs_bt).tolist(),
+        "update_traces": programs.compiled_programs()["update"],
+        "sampler_traces": sampler.num_traces,
+        "param_spec": list(params["layers"][0]["mlp"]["gate_df"].sharding.spec),
+    }
+
+
+def trainer_compiles(run_dir):
+    """A Trainer on a (data 2, fsdp 4) mesh visiting G = 2, 4, 2, 4: programs traced."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from helpers import TINY
+    from test_train import CyclingController
+
+    from sagc_jax.train.loop import Trainer
+
+    overrides = [*TINY, "train.prompts_per_step=4", "train.steps=4", "mesh.data=2"]
+    trainer = Trainer(load_config(None, [*overrides, "logging.tensorboard=false"]), run_dir)
+    trainer.controller = CyclingController((2, 4))
+    summary = trainer.run(progress=False)
+    trainer.close()
+    return {
+        "mesh": dict(trainer.plan.mesh.shape),
+        "sampler_traces": trainer.sampler.num_traces,
+        "update_traces": trainer.programs.compiled_programs()["update"],
+        "steps": summary["steps"],
+        "eval_accuracy": summary["eval/accuracy"],
+    }
+
+
+def main():
+    devices = jax.devices()
+    assert len(devices) == 8, f"expected 8 simulated devices, got {len(devices)}"
+    if sys.argv[1] == "trainer":
+        print(json.dumps(trainer_compiles(sys.argv[2])))
+        return
+    kl_beta = float(sys.argv[2])
+    result = {}
+    for name, shape in MESHES.items():
+        result[name] = run(shape, devices[: int(np.prod(shape))], kl_beta)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

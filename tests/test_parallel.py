@@ -1,0 +1,240 @@
+"""Scale-out: mesh resolution, sharding rules, sharded programs on 8 simulated CPU devices, and a
+two-process run over gloo that must equal a one-process run."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from helpers import TINY
+from jax.sharding import AbstractMesh, PartitionSpec
+
+from sagc_jax.config import ConfigError, MeshConfig, load_config
+from sagc_jax.models import axes as ax
+from sagc_jax.parallel import RULES, initialize, mesh_shape
+from sagc_jax.train.loop import check_batch_shapes
+
+TESTS = Path(__file__).parent
+ROOT = TESTS.parent
+
+
+def _env(devices: int) -> dict:
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(TESTS)])
+    env.pop("JAX_COORDINATOR_ADDRESS", None)
+    return env
+
+
+def _worker(*args) -> dict:
+    out = subprocess.run(
+        [sys.executable, str(TESTS / "sharded_worker.py"), *args],
+        env=_env(8),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------------- mesh and rules
+
+
+def test_mesh_shape_resolves_the_free_axis():
+    assert mesh_shape(MeshConfig(data=1, fsdp=-1, tensor=1), 8) == {
+        "data": 1,
+        "fsdp": 8,
+        "tensor": 1,
+    }
+    assert mesh_shape(MeshConfig(data=2, fsdp=-1, tensor=2), 8)["fsdp"] == 2
+    assert mesh_shape(MeshConfig(data=-1, fsdp=1, tensor=4), 8)["data"] == 2
+
+
+@pytest.mark.parametrize(
+    ("mesh", "devices", "message"),
+    [
+        (MeshConfig(data=1, fsdp=-1, tensor=3), 8, "not divisible by the fixed axes (3)"),
+        (MeshConfig(data=2, fsdp=2, tensor=1), 8, "needs 4 devices but 8 are available"),
+    ],
+)
+def test_mesh_shape_rejects_impossible_meshes(mesh, devices, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        mesh_shape(mesh, devices)
+
+
+def test_rules_skip_axes_that_do_not_divide_or_are_taken():
+    mesh = AbstractMesh((1, 2, 4), ("data", "fsdp", "tensor"))
+    spec = lambda names, shape: ax.mesh_spec(names, shape, mesh, RULES)  # noqa: E731
+    assert spec((ax.EMBED, ax.MLP), (64, 176)) == PartitionSpec("fsdp", "tensor")
+    # 2 KV heads cannot be split 4 ways: replicated instead of an invalid sharding
+    assert spec((ax.EMBED, ax.KV_HEADS, ax.HEAD_DIM), (64, 2, 16)) == PartitionSpec(
+        "fsdp", None, None
+    )
+    # rows go over data x fsdp; size-1 axes are dropped
+    assert spec((ax.BATCH, ax.LENGTH), (8, 5)) == PartitionSpec("fsdp", None)
+    # one mesh axis is used once per array
+    assert spec((ax.Q_HEADS, ax.HEAD_DIM, ax.MLP), (4, 16, 8)) == PartitionSpec(
+        "tensor", None, None
+    )
+
+
+def test_batch_shapes_must_split_over_the_mesh_and_the_processes():
+    cfg = load_config(None, [*TINY, "train.prompts_per_step=3"])
+    with pytest.raises(ConfigError, match="at G = 2 a step has 6 rollouts, which the 4 batch"):
+        check_batch_shapes(cfg, (2, 4), batch_shards=4)
+    with pytest.raises(ConfigError, match="3 prompts, which 2 processes cannot share evenly"):
+        check_batch_shapes(cfg, (2,), batch_shards=2, processes=2)
+    with pytest.raises(ConfigError, match="batch shards is not a multiple of the 2 processes"):
+        check_batch_shapes(cfg, (2,), batch_shards=1, processes=2)
+
+
+def test_coordinator_flags_are_checked_before_starting(monkeypatch):
+    monkeypatch.delenv("JAX_COORDINATOR_ADDRESS", raising=False)
+    assert initialize(None, None, None) is False
+    with pytest.raises(ConfigError, match="needs --num-processes N and --process-id I"):
+        initialize("localhost:1234", 2, None)
+    with pytest.raises(ConfigError, match=r"--process-id 2 is outside \[0, 2\)"):
+        initialize("localhost:1234", 2, 2)
+    with pytest.raises(ConfigError, match="expected HOST:PORT or auto"):
+        initialize("localhost", 2, 0)
+    with pytest.raises(ConfigError, match="need --coordinator"):
+        initialize(None, 2, 0)
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "localhost:1234")
+    monkeypatch.delenv("JAX_PROCESS_ID", raising=False)
+    with pytest.raises(ConfigError, match="JAX_PROCESS_ID is not"):
+        initialize(None, None, None)
+
+
+# ---------------------------------------------------------------------- 8 simulated devices
+
+
+@pytest.fixture(scope="module")
+def sharded():
+    return _worker("update", "0.04")  # with a KL term: the reference model is sharded too
+
+
+def test_sharded_update_matches_one_device(sharded):
+    base = sharded["single"]
+    for name in ("fsdp2", "fsdp8", "tensor4", "mixed"):
+        run = sharded[name]
+        np.testing.assert_allclose(run["loss"], base["loss"], rtol=1e-5, err_msg=name)
+        np.testing.assert_allclose(run["grad_norm"], base["grad_norm"], rtol=1e-4, err_msg=name)
+        for got, want in zip(run["params"], base["params"], strict=True):
+            np.testing.assert_allclose(got, want, atol=1e-4, err_msg=name)
+
+
+def test_sharded_generation_matches_one_device(sharded):
+    base = sharded["single"]
+    for name in ("fsdp2", "fsdp8", "tensor4", "mixed"):
+        assert sharded[name]["tokens"] == base["tokens"], name
+        np.testing.assert_allclose(sharded[name]["logprobs"], base["logprobs"], atol=1e-4)
+
+
+def test_parameters_and_optimizer_state_are_really_split(sharded):
+    nbytes = {name: run["param_bytes"] for name, run in sharded.items()}
+    assert nbytes["single"] > nbytes["fsdp2"] > nbytes["fsdp8"]
+    assert nbytes["fsdp2"] < 0.55 * nbytes["single"] and nbytes["fsdp8"] < 0.15 * nbytes["single"]
+    assert nbytes["tensor4"] < 0.4 * nbytes["single"]
+    assert nbytes["mixed"] < 0.3 * nbytes["single"]
+    for name in ("fsdp2", "fsdp8", "tensor4", "mixed"):
+        assert sharded[name]["opt_bytes"] < sharded["single"]["opt_bytes"], name
+    # the KV cache is split by rows (only its 4-byte write index is replicated)
+    assert sharded["fsdp8"]["cache_bytes"] * 8 - 7 * 4 == sharded["single"]["cache_bytes"]
+    assert sharded["mixed"]["param_spec"] == ["fsdp", "tensor"]
+
+
+def test_sharded_programs_compile_once_per_shape(sharded):
+    for name, run in sharded.items():
+        assert run["update_traces"] == 1 and run["sampler_traces"] == 1, name
+
+
+def test_trainer_on_a_mesh_compiles_one_program_per_candidate(tmp_path):
+    result = _worker("trainer", str(tmp_path / "run"))
+    assert result["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1}
+    assert result["steps"] == 4
+    assert result["sampler_traces"] == 2 and result["update_traces"] == 2
+
+
+# ---------------------------------------------------------------------- two processes
+
+
+RUN = [
+    *TINY,
+    "train.prompts_per_step=4",
+    "logging.tensorboard=false",
+    "logging.plots=false",
+    "train.checkpoint_every=2",
+    # frequent stragglers and a fast-moving lambda: SAGC leaves G = 4 for 2 within 4 steps
+    "controller.sagc.tau=1.2",
+    "controller.sagc.delta=0.05",
+    "controller.sagc.eta=10",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _train(run_dir, steps, processes=1, devices=1):
+    overrides = [f"--set={o}" for o in [*RUN, f"train.steps={steps}", f"logging.run_dir={run_dir}"]]
+    cmd = [sys.executable, "-m", "sagc_jax", "train", *overrides]
+    if processes == 1:
+        out = subprocess.run(cmd, env=_env(devices), capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return [out.stdout]
+    port = _free_port()
+    procs = [
+        subprocess.Popen(
+            [
+                *cmd,
+                f"--coordinator=localhost:{port}",
+                f"--num-processes={processes}",
+                f"--process-id={i}",
+            ],
+            env=_env(devices),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(processes)
+    ]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    return [out for out, _ in outs]
+
+
+def _params(run_dir, step):
+    path = Path(run_dir) / "checkpoints" / str(step) / "params"
+    checkpointer = ocp.StandardCheckpointer()
+    meta = checkpointer.metadata(path)
+    meta = getattr(meta, "item_metadata", meta)
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one), meta)
+    return [np.asarray(x) for x in jax.tree.leaves(checkpointer.restore(path, target))]
+
+
+def _group_sizes(run_dir):
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [r["group_size"] for r in map(json.loads, lines) if "group_size" in r]
+
+
+def test_two_processes_train_like_one(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    _train(one, steps=4, devices=2)
+    # two processes of one device each: 2 steps, then a resume (Orbax restore across processes)
+    outs = _train(two, steps=2, processes=2)
+    assert "2 process(es)" in outs[0] and "train" not in outs[1]  # only process 0 prints
+    _train(two, steps=4, processes=2)
+    sizes = _group_sizes(one)
+    assert _group_sizes(two) == sizes and len(set(sizes)) == 2, sizes
+    for got, want in zip(_params(two, 4), _params(one, 4), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-6)
