@@ -1,4 +1,5 @@
-"""The ``sagc-jax`` command line: sft, train, eval, compare, report, simulate, replay, config.
+"""The ``sagc-jax`` command line: sft, train, plan, eval, compare, report, simulate, replay,
+config.
 
 Every subcommand takes ``--config FILE`` and any number of ``--set section.key=value``.
 Bad input (config, paths, logs) ends with one line on stderr and exit code 2.
@@ -191,6 +192,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from sagc_jax.train.plan import format_plan, memory_plan
+
+    cfg = load_config(args.config, args.overrides)
+    if args.devices is not None and args.devices < 1:
+        raise UserError(f"--devices {args.devices}: must be >= 1")
+    import jax
+
+    devices = args.devices or jax.device_count()
+    memory = args.device_memory
+    if memory is None and args.devices is None:  # planning for this machine's devices
+        stats = jax.devices()[0].memory_stats() or {}
+        memory = stats.get("bytes_limit", 0) / 1024**3 or None
+    print(format_plan(memory_plan(cfg, devices), memory))
+    return 0
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from sagc_jax.config import parse_controller_spec
     from sagc_jax.train.compare import compare, format_table
@@ -268,6 +286,25 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--num-processes", type=int, metavar="N", help="processes in the run")
     dist.add_argument("--process-id", type=int, metavar="I", help="this process, 0..N-1")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser(
+        "plan",
+        help="per-device memory of a config (parameters, optimizer, KV cache, activations)",
+        description="Shapes only (jax.eval_shape and traced residuals): nothing is allocated. "
+        "Splits every array as the trainer would on a mesh of --devices devices.",
+    )
+    _add_common(p, config_required=True)
+    p.add_argument(
+        "--devices", type=int, help="devices of the run (default: this machine's device count)"
+    )
+    p.add_argument(
+        "--device-memory",
+        type=float,
+        metavar="GIB",
+        help="memory of one device, to say whether the config fits (default: this machine's "
+        "accelerator, when --devices is not given and it reports one)",
+    )
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("eval", help="held-out accuracy and mean completion length of a run")
     _add_common(p)

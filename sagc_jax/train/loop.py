@@ -93,6 +93,40 @@ def check_batch_shapes(
             )
 
 
+def update_settings(cfg: Config) -> UpdateSettings:
+    """The static settings of the update program for ``cfg``."""
+    t = cfg.train
+    return UpdateSettings(
+        aggregation=ALGORITHMS[cfg.loss.algorithm][0],
+        eps_low=cfg.loss.eps_low,
+        eps_high=cfg.loss.eps_high,
+        kl_beta=cfg.loss.kl_beta,
+        # the sampler reports log_softmax(logits) when greedy (temperature 0)
+        temperature=cfg.sampling.temperature if cfg.sampling.temperature > 0 else 1.0,
+        max_new_tokens=cfg.sampling.max_new_tokens,
+        epochs=t.epochs,
+        minibatches=t.minibatches,
+        microbatches=t.microbatches,
+    )
+
+
+def make_trainer_optimizer(cfg: Config):
+    """The run's optimizer (its schedule counts optimizer updates over the whole run)."""
+    t = cfg.train
+    return make_optimizer(
+        t.learning_rate,
+        total_steps=t.steps * t.epochs * t.minibatches,
+        warmup_steps=t.warmup_steps,
+        schedule=t.lr_schedule,
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm,
+        b1=t.adam_b1,
+        b2=t.adam_b2,
+        state_dtype=t.optimizer_dtype,
+        param_dtype=cfg.model.param_dtype,
+    )
+
+
 def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
     """Dotted keys whose values differ between two ``to_dict`` trees."""
     keys = []
@@ -134,19 +168,7 @@ class Trainer:
         )
         if cfg.train.init_checkpoint:
             self.params = load_run_params(cfg.train.init_checkpoint, self.params)
-        t = cfg.train
-        self.tx = make_optimizer(
-            t.learning_rate,
-            total_steps=t.steps * t.epochs * t.minibatches,
-            warmup_steps=t.warmup_steps,
-            schedule=t.lr_schedule,
-            weight_decay=t.weight_decay,
-            max_grad_norm=t.max_grad_norm,
-            b1=t.adam_b1,
-            b2=t.adam_b2,
-            state_dtype=t.optimizer_dtype,
-            param_dtype=cfg.model.param_dtype,
-        )
+        self.tx = make_trainer_optimizer(cfg)
         opt_shardings = self.plan.opt_state(
             self.tx, jax.eval_shape(self.tx.init, self.params), param_shardings
         )
@@ -155,19 +177,8 @@ class Trainer:
         if cfg.loss.kl_beta > 0:
             copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=param_shardings)
             self.ref_params = copy(self.params)
-        aggregation, self.scale_by_std = ALGORITHMS[cfg.loss.algorithm]
-        self.settings = UpdateSettings(
-            aggregation=aggregation,
-            eps_low=cfg.loss.eps_low,
-            eps_high=cfg.loss.eps_high,
-            kl_beta=cfg.loss.kl_beta,
-            # the sampler reports log_softmax(logits) when greedy (temperature 0)
-            temperature=cfg.sampling.temperature if cfg.sampling.temperature > 0 else 1.0,
-            max_new_tokens=cfg.sampling.max_new_tokens,
-            epochs=t.epochs,
-            minibatches=t.minibatches,
-            microbatches=t.microbatches,
-        )
+        self.scale_by_std = ALGORITHMS[cfg.loss.algorithm][1]
+        self.settings = update_settings(cfg)
         shardings = StateShardings(
             param_shardings, opt_shardings, param_shardings if cfg.loss.kl_beta > 0 else None
         )
@@ -177,6 +188,7 @@ class Trainer:
         self.eval_sampler = policy_sampler(
             self.graphdef, self.model_config, self.tokenizer, keep_cache=False, **on_mesh
         )
+        t = cfg.train
         self.root_key = jax.random.key(t.seed)
         self.step = 0
         self.store = CheckpointStore(

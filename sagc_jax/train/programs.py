@@ -38,6 +38,40 @@ def completion_logprobs(model, prompt_ids_bt, prompt_lens_b, completion_bt, temp
     return jnp.take_along_axis(logp_btv, completion_bt[..., None], axis=-1)[..., 0]
 
 
+def rows_loss(graphdef, params, ref_params, rows: dict, normalizer, settings: UpdateSettings):
+    """(loss, metrics) of the policy ``params`` on a chunk of rollout rows (``BATCH_KEYS``)."""
+    logp = completion_logprobs(
+        nnx.merge(graphdef, params),
+        rows["prompt_ids"],
+        rows["prompt_lens"],
+        rows["completion"],
+        settings.temperature,
+    )
+    ref_logp = None
+    if settings.kl_beta > 0:
+        ref_logp = jax.lax.stop_gradient(
+            completion_logprobs(
+                nnx.merge(graphdef, ref_params),
+                rows["prompt_ids"],
+                rows["prompt_lens"],
+                rows["completion"],
+                settings.temperature,
+            )
+        )
+    return policy_loss(
+        logp,
+        rows["old_logp"],
+        rows["adv"],
+        rows["mask"],
+        normalizer,
+        aggregation=settings.aggregation,
+        eps_low=settings.eps_low,
+        eps_high=settings.eps_high,
+        kl_beta=settings.kl_beta,
+        ref_logp_bt=ref_logp,
+    )
+
+
 def split_rows(x: jax.Array) -> jax.Array:
     """``x`` with its leading (row) axis split over the mesh's batch axes (under a plan)."""
     return ax.constrain(x, (ax.BATCH,) + (None,) * (x.ndim - 1))
@@ -173,39 +207,7 @@ class PolicyPrograms:
         normalizer = normalizer / mb
 
         def loss_fn(p, rows):
-            model = nnx.merge(self.graphdef, p)
-            logp = completion_logprobs(
-                model,
-                rows["prompt_ids"],
-                rows["prompt_lens"],
-                rows["completion"],
-                settings.temperature,
-            )
-            ref_logp = None
-            if settings.kl_beta > 0:
-                ref_model = nnx.merge(self.graphdef, ref_params)
-                ref_logp = jax.lax.stop_gradient(
-                    completion_logprobs(
-                        ref_model,
-                        rows["prompt_ids"],
-                        rows["prompt_lens"],
-                        rows["completion"],
-                        settings.temperature,
-                    )
-                )
-            loss, metrics = policy_loss(
-                logp,
-                rows["old_logp"],
-                rows["adv"],
-                rows["mask"],
-                normalizer,
-                aggregation=settings.aggregation,
-                eps_low=settings.eps_low,
-                eps_high=settings.eps_high,
-                kl_beta=settings.kl_beta,
-                ref_logp_bt=ref_logp,
-            )
-            return loss, metrics
+            return rows_loss(self.graphdef, p, ref_params, rows, normalizer, settings)
 
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
         per_row = {k: batch[k] for k in BATCH_KEYS}

@@ -1,0 +1,207 @@
+"""``sagc-jax plan``: the memory a config needs on each device, before launching it.
+
+Everything comes from shapes: the parameters and optimizer state from ``jax.eval_shape``, the
+activations from the residuals the update's backward pass saves (traced, not run, with the
+configured rematerialisation), the KV cache from the largest candidate G. Each array is split the
+way the trainer splits it: the same logical-axis rules on an abstract mesh of ``num_devices``
+devices, so no device is needed and nothing is allocated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import AbstractMesh
+
+from sagc_jax.config import Config
+from sagc_jax.models import Decoder, DecoderConfig, get_preset
+from sagc_jax.models import axes as ax
+from sagc_jax.parallel import BATCH_AXES, MESH_AXES, RULES, mesh_shape
+from sagc_jax.tasks import CharTokenizer
+from sagc_jax.train.loop import make_trainer_optimizer, prompts_for, update_settings
+from sagc_jax.train.programs import rows_loss
+
+GIB = 1024**3
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    name: str
+    detail: str
+    per_device: int  # bytes on the most loaded device
+    total: int  # bytes over all devices (counting replicas)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    source: str  # where the architecture came from
+    num_params: int
+    param_dtype: str
+    mesh: dict[str, int]
+    items: list[Item]
+
+    @property
+    def per_device(self) -> int:
+        return sum(i.per_device for i in self.items)
+
+
+def architecture(cfg: Config) -> tuple[DecoderConfig, str]:
+    """The model's shapes: the HF checkpoint's config.json if present, else the preset."""
+    m = cfg.model
+    dtypes = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat)
+    if m.hf_checkpoint and (Path(m.hf_checkpoint) / "config.json").is_file():
+        hf = json.loads((Path(m.hf_checkpoint) / "config.json").read_text())
+        return DecoderConfig.from_hf_config(hf, **dtypes), f"{m.hf_checkpoint}/config.json"
+    arch = get_preset(m.preset).replace(**dtypes)
+    source = f"preset {m.preset}"
+    if m.hf_checkpoint:
+        source += f" ({m.hf_checkpoint} not found)"
+    if cfg.data.task == "synthetic":
+        arch = arch.replace(vocab_size=CharTokenizer().vocab_size)
+    return arch, source
+
+
+def _shard_bytes(x, logical, mesh: AbstractMesh) -> int:
+    """Bytes of one device's piece of ``x`` when its dimensions have the ``logical`` names."""
+    spec = ax.mesh_spec(tuple(logical), x.shape, mesh, RULES)
+    shape = list(x.shape)
+    for dim, entry in enumerate(spec):
+        names = (entry,) if isinstance(entry, str) else tuple(entry or ())
+        shape[dim] //= math.prod(mesh.shape[a] for a in names)
+    return math.prod(shape) * np.dtype(x.dtype).itemsize
+
+
+def _tree_bytes(tree, logical_tree, mesh) -> tuple[int, int]:
+    leaves = jax.tree.leaves(tree)
+    is_spec = lambda s: isinstance(s, jax.sharding.PartitionSpec)  # noqa: E731
+    specs = jax.tree.leaves(logical_tree, is_leaf=is_spec)
+    per_device = sum(_shard_bytes(x, s, mesh) for x, s in zip(leaves, specs, strict=True))
+    total = sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in leaves)
+    return per_device, total
+
+
+def memory_plan(cfg: Config, num_devices: int) -> MemoryPlan:
+    arch, source = architecture(cfg)
+    sizes = mesh_shape(cfg.mesh, num_devices)
+    mesh = AbstractMesh(tuple(sizes[a] for a in MESH_AXES), MESH_AXES)
+    batch_shards = math.prod(sizes[a] for a in BATCH_AXES)
+    items: list[Item] = []
+
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: Decoder(arch, rngs=nnx.Rngs(0))))
+    logical = nnx.get_partition_spec(params)
+    count = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+    p_dev, p_total = _tree_bytes(params, logical, mesh)
+    items.append(Item("parameters", f"{count:,} x {arch.param_dtype}", p_dev, p_total))
+
+    tx = make_trainer_optimizer(cfg)
+    opt_state = jax.eval_shape(tx.init, params)
+    opt_logical = optax.tree_map_params(
+        tx,
+        lambda _, spec: spec,
+        opt_state,
+        logical,
+        transform_non_params=lambda _: jax.sharding.PartitionSpec(),
+    )
+    o_dev, o_total = _tree_bytes(opt_state, opt_logical, mesh)
+    master = cfg.train.optimizer_dtype == "float32" and arch.param_dtype != "float32"
+    master = " + float32 master copy of the parameters" if master else ""
+    detail = f"Adam moments in {cfg.train.optimizer_dtype}{master}"
+    items.append(Item("optimizer state", detail, o_dev, o_total))
+
+    accumulated = cfg.train.microbatches > 1
+    detail = f"{arch.param_dtype}" + (", x2 while accumulating microbatches" if accumulated else "")
+    copies = 2 if accumulated else 1
+    items.append(Item("gradients", detail, copies * p_dev, copies * p_total))
+    if cfg.loss.kl_beta > 0:
+        items.append(Item("reference model", f"kl_beta = {cfg.loss.kl_beta}", p_dev, p_total))
+
+    candidates = _candidates(cfg)
+    g = max(candidates)
+    rows = prompts_for(cfg, g) * g
+    slots = max(cfg.sampling.prompt_buckets) + cfg.sampling.max_new_tokens
+    cache = jax.ShapeDtypeStruct(
+        (rows, arch.num_kv_heads, arch.head_dim, slots), arch.compute_jnp_dtype
+    )
+    per_layer = _shard_bytes(cache, (ax.BATCH, ax.ACT_KV_HEADS, None, ax.CACHE_LENGTH), mesh)
+    total_cache = 2 * arch.num_layers * math.prod(cache.shape) * cache.dtype.itemsize
+    detail = f"G = {g}: {rows} rollouts x {slots} slots x {arch.num_layers} layers"
+    items.append(Item("KV cache", detail, 2 * arch.num_layers * per_layer, total_cache))
+
+    micro_rows = rows // (cfg.train.minibatches * cfg.train.microbatches)
+    local_rows = max(1, micro_rows // batch_shards)
+    residual = _residual_bytes(cfg, graphdef, params, local_rows)
+    detail = f"remat {arch.remat}: {local_rows} of {micro_rows} microbatch rows x {slots} tokens"
+    items.append(Item("activations", detail, residual, residual * micro_rows // local_rows))
+    return MemoryPlan(source, count, arch.param_dtype, sizes, items)
+
+
+def _candidates(cfg: Config) -> tuple[int, ...]:
+    if cfg.controller.kind == "fixed":
+        return (cfg.controller.group_size,)
+    return tuple(cfg.controller.sagc.candidates)
+
+
+def _residual_bytes(cfg: Config, graphdef, params, rows: int) -> int:
+    """Bytes the backward pass of the loss keeps for ``rows`` rollout rows (longest bucket)."""
+    from jax._src.ad_checkpoint import saved_residuals  # what jax.ad_checkpoint prints
+
+    settings = update_settings(cfg)
+    bucket = max(cfg.sampling.prompt_buckets)
+    new = cfg.sampling.max_new_tokens
+    batch = {
+        "prompt_ids": jax.ShapeDtypeStruct((rows, bucket), jnp.int32),
+        "prompt_lens": jax.ShapeDtypeStruct((rows,), jnp.int32),
+        "completion": jax.ShapeDtypeStruct((rows, new), jnp.int32),
+        "old_logp": jax.ShapeDtypeStruct((rows, new), jnp.float32),
+        "mask": jax.ShapeDtypeStruct((rows, new), jnp.float32),
+        "adv": jax.ShapeDtypeStruct((rows,), jnp.float32),
+    }
+    ref = params if settings.kl_beta > 0 else None
+
+    def loss(p, b, r):
+        return rows_loss(graphdef, p, r, b, 1.0, settings)[0]
+
+    saved = saved_residuals(loss, params, batch, ref)
+    return sum(
+        math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
+        for aval, why in saved
+        if not why.startswith("from the argument")
+    )
+
+
+def format_plan(plan: MemoryPlan, device_memory: float | None = None) -> str:
+    mesh = " x ".join(f"{a} {n}" for a, n in plan.mesh.items())
+    devices = math.prod(plan.mesh.values())
+    lines = [
+        f"model: {plan.source}, {plan.num_params / 1e9:.3f} B parameters ({plan.param_dtype})",
+        f"mesh: {mesh} ({devices} device{'s' if devices > 1 else ''})",
+        "",
+        f"{'':<17}{'per device':>12}{'all devices':>14}  detail",
+    ]
+    for item in plan.items:
+        lines.append(
+            f"{item.name:<17}{item.per_device / GIB:>8.2f} GiB{item.total / GIB:>10.2f} GiB"
+            f"  {item.detail}"
+        )
+    total = plan.per_device
+    lines.append(f"{'total':<17}{total / GIB:>8.2f} GiB")
+    if device_memory:
+        verdict = "fits" if total <= device_memory * GIB else "does NOT fit"
+        used = 100 * total / (device_memory * GIB)
+        lines.append(
+            f"{verdict} in {device_memory:.1f} GiB per device ({used:.0f}% used; XLA needs "
+            f"headroom for temporaries)"
+        )
+    lines.append(
+        "activations: residuals the backward pass keeps for one microbatch (tensor-parallel "
+        "splits of them not counted: an upper bound when mesh.tensor > 1)"
+    )
+    return "\n".join(lines)
