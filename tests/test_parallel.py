@@ -3,9 +3,11 @@ two-process run over gloo that must equal a one-process run."""
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -238,3 +240,39 @@ def test_two_processes_train_like_one(tmp_path):
     assert _group_sizes(two) == sizes and len(set(sizes)) == 2, sizes
     for got, want in zip(_params(two, 4), _params(one, 4), strict=True):
         np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_a_signal_to_one_process_stops_all_at_the_same_step(tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = [*RUN, "train.steps=500", "train.checkpoint_every=0", f"logging.run_dir={run_dir}"]
+    port = _free_port()
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sagc_jax",
+                "train",
+                *[f"--set={o}" for o in overrides],
+                f"--coordinator=localhost:{port}",
+                "--num-processes=2",
+                f"--process-id={i}",
+            ],
+            env=_env(1),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        assert time.monotonic() < deadline and procs[0].poll() is None, "no steps logged"
+        time.sleep(0.5)
+    procs[1].send_signal(signal.SIGTERM)  # a preemption notice reaching one host only
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [128 + signal.SIGTERM] * 2, errors[0][-2000:]
+    steps = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    assert len(steps) == 1 and 2 <= steps[0] < 500
+    assert f"stopped by SIGTERM after step {steps[0]}" in errors[0]
