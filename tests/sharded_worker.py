@@ -56,7 +56,7 @@ def run(mesh_shape, devices, kl_beta):
     cfg = load_config(None, ["model.preset=tiny", "data.task=synthetic"])
     plan = ShardingPlan.from_config(MeshConfig(*mesh_shape), devices)
     graphdef, params, arch, param_sh = build_sharded_policy(cfg, _Tok(), 0, plan)
-    tx = make_optimizer(1e-2, total_steps=10)
+    tx = make_optimizer(1e-3, total_steps=10)
     opt_sh = plan.opt_state(tx, jax.eval_shape(tx.init, params), param_sh)
     opt_state = jax.jit(tx.init, out_shardings=opt_sh)(params)
     ref = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=param_sh)(params)

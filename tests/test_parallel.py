@@ -128,7 +128,7 @@ def test_sharded_update_matches_one_device(sharded):
         np.testing.assert_allclose(run["loss"], base["loss"], rtol=1e-5, err_msg=name)
         np.testing.assert_allclose(run["grad_norm"], base["grad_norm"], rtol=1e-4, err_msg=name)
         for got, want in zip(run["params"], base["params"], strict=True):
-            np.testing.assert_allclose(got, want, atol=1e-4, err_msg=name)
+            np.testing.assert_allclose(got, want, atol=1e-5, err_msg=name)
 
 
 def test_sharded_generation_matches_one_device(sharded):

@@ -95,9 +95,12 @@ class Decoder(nnx.Module):
 
     # ----------------------------------------------------------------- pieces
     def embed(self, tokens_bt: jax.Array) -> jax.Array:
-        x_btd = jnp.take(self.embed_vd[...], tokens_bt, axis=0).astype(
-            self.config.compute_jnp_dtype
+        # The lookup reads a whole (gathered) table, so its gradient is a local scatter-add
+        # followed by one reduce-scatter into the table's shards, not a reshuffle of activations.
+        table_vd = ax.constrain(
+            self.embed_vd[...].astype(self.config.compute_jnp_dtype), (None, None)
         )
+        x_btd = jnp.take(table_vd, tokens_bt, axis=0)
         return ax.constrain(x_btd, (ax.BATCH, ax.LENGTH, ax.ACT_EMBED))
 
     def logits(self, h_btd: jax.Array) -> jax.Array:
