@@ -387,9 +387,15 @@ class Trainer:
         total = time.perf_counter() - t0
         generated = int(lengths.sum())
         local_counts = np.array(
-            [[sum(len(r.failed_rows) for r in rounds), int(batch.prompt_lens.sum())]]
+            [
+                [
+                    sum(len(r.failed_rows) for r in rounds),
+                    int(batch.prompt_lens.sum()),
+                    int(batch.lengths.sum()),
+                ]
+            ]
         )
-        failed_rows, prompt_tokens = gather_rows(local_counts).sum(axis=0)
+        failed_rows, prompt_tokens, trained_tokens = gather_rows(local_counts).sum(axis=0)
         record = {
             "reward": float(rewards.mean()),
             "reward_raw": float(gather_rows(batch.rewards).mean()),
@@ -416,6 +422,10 @@ class Trainer:
             "time/step_s": total,
             "throughput/rollout_tokens_per_s": generated / max(t_rollout, 1e-9),
             "throughput/tokens_per_s": generated / max(total, 1e-9),
+            # real prompt + completion tokens of the update batch, per second of update
+            "throughput/update_tokens_per_s": (prompt_tokens + trained_tokens)
+            * cfg.train.epochs
+            / max(t_update, 1e-9),
             "compiles/sampler": self.sampler.num_traces,
             "compiles/update": self.programs.compiled_programs()["update"],
             **{f"update/{k}": v for k, v in upd.items()},
