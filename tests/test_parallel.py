@@ -242,6 +242,17 @@ def test_two_processes_train_like_one(tmp_path):
         np.testing.assert_allclose(got, want, atol=1e-6)
 
 
+def test_a_run_resumes_on_a_different_mesh(tmp_path):
+    moved, straight = tmp_path / "moved", tmp_path / "straight"
+    _train(moved, steps=2, devices=1)
+    out = _train(moved, steps=3, devices=4)[0]  # the checkpoint is split 4 ways on restore
+    assert "fsdp=4, tensor=1 over 4 cpu devices" in out and "from step 2" in out
+    _train(straight, steps=3, devices=1)
+    assert _group_sizes(moved) == _group_sizes(straight)
+    for got, want in zip(_params(moved, 3), _params(straight, 3), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
 def test_a_signal_to_one_process_stops_all_at_the_same_step(tmp_path):
     run_dir = tmp_path / "run"
     overrides = [*RUN, "train.steps=500", "train.checkpoint_every=0", f"logging.run_dir={run_dir}"]

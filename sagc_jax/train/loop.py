@@ -47,6 +47,7 @@ RESUMABLE_CHANGES = (
     "train.eval_every",
     "train.max_nonfinite_steps",
     "logging.",
+    "mesh.",  # checkpoints are restored into the new mesh's shardings
 )
 
 
