@@ -10,9 +10,11 @@ PPO-clip loss with eps 0.2 and a per-sequence token mean (TRL `loss_type="grpo"`
 (learning rate 1e-6, constant schedule, global-norm clip 1.0, no weight decay).
 
   * sagc_jax: its lower-level API, as `Trainer.train_step` uses it: `Sampler` (`eos_ids=()`) ->
-    rewards -> `group_advantages`, `completion_mask`, `loss_normalizer` ->
-    `PolicyPrograms.update`; the step ends with `jax.device_get` of the update metrics, so the
-    timed work has finished. Log-probs for the ratio come from the sampler.
+    rewards -> `group_advantages`, `completion_mask` -> `PolicyPrograms.update`; the step ends
+    with `jax.device_get` of the update metrics, so the timed work has finished. Log-probs for
+    the ratio come from the sampler. With `--mesh-data N` both programs run data parallel on a
+    `ShardingPlan` over N XLA host devices (`--xla_force_host_platform_device_count=N`: the
+    cores split between N device threads pools instead of one), as `mesh.data: N` would.
   * TRL: `GRPOTrainer.train()` on a CPU torch model (`use_cpu=True`, `bf16=False`,
     `gradient_checkpointing=False`, per-device batch 64 = 8 prompts x `num_generations=8`,
     `gradient_accumulation_steps=1`, `num_iterations=1`, so the old log-probs are the detached
@@ -62,6 +64,9 @@ def _parse():
         "--threads", type=int, default=0, help="torch intra-op threads (default: usable cores)"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--mesh-data", type=int, default=1, help="sagc-jax on N host devices, data parallel"
+    )
     args = parser.parse_args()
     if args.steps < 1 or args.warmup < 1:
         parser.error("--steps and --warmup must be >= 1 (the first step compiles)")
@@ -83,11 +88,13 @@ def run_sagc(prompts_pt, args) -> tuple[list[float], float]:
     import numpy as np
     from flax import nnx
 
+    from sagc_jax.config import MeshConfig
     from sagc_jax.models import Decoder, DecoderConfig
-    from sagc_jax.rl import completion_mask, group_advantages, loss_normalizer
+    from sagc_jax.parallel import ShardingPlan
+    from sagc_jax.rl import completion_mask, group_advantages
     from sagc_jax.sampling.sampler import Sampler
     from sagc_jax.train.optim import make_optimizer
-    from sagc_jax.train.programs import PolicyPrograms, UpdateSettings
+    from sagc_jax.train.programs import PolicyPrograms, StateShardings, UpdateSettings
 
     cfg = DecoderConfig(
         family="llama",
@@ -105,10 +112,25 @@ def run_sagc(prompts_pt, args) -> tuple[list[float], float]:
     graphdef, params = nnx.split(Decoder(cfg, rngs=nnx.Rngs(args.seed)))
     tx = make_optimizer(LEARNING_RATE, total_steps=100)
     opt_state = tx.init(params)
-    programs = PolicyPrograms(graphdef, tx)
-    sampler = Sampler(graphdef, cfg, eos_ids=(), pad_id=PAD)
+    if args.mesh_data > 1:
+        plan = ShardingPlan.from_config(MeshConfig(data=args.mesh_data, fsdp=1, tensor=1))
+        param_sh = plan.params(params)
+        opt_sh = plan.opt_state(tx, opt_state, param_sh)
+        params, opt_state = jax.device_put((params, opt_state), (param_sh, opt_sh))
+        programs = PolicyPrograms(graphdef, tx, plan, StateShardings(param_sh, opt_sh))
+        sampler = Sampler(
+            graphdef, cfg, eos_ids=(), pad_id=PAD, plan=plan, state_shardings=param_sh
+        )
+    else:
+        programs = PolicyPrograms(graphdef, tx)
+        sampler = Sampler(graphdef, cfg, eos_ids=(), pad_id=PAD)
     settings = UpdateSettings(
-        aggregation="seq_mean", eps_low=EPS, eps_high=EPS, kl_beta=0.0, temperature=1.0
+        aggregation="seq_mean",
+        eps_low=EPS,
+        eps_high=EPS,
+        kl_beta=0.0,
+        temperature=1.0,
+        max_new_tokens=NEW_TOKENS,
     )
     # Row r belongs to group r // G, as in `train.rollout.generate`.
     prompt_ids = np.repeat(np.asarray(prompts_pt, np.int32), GROUP, axis=0)
@@ -126,7 +148,7 @@ def run_sagc(prompts_pt, args) -> tuple[list[float], float]:
         out = sampler(
             params, prompt_ids, prompt_lens, rollout_key, max_new_tokens=NEW_TOKENS, temperature=1.0
         )
-        out = jax.device_get(out)
+        out = sampler.to_host(out)
         rollout_s.append(time.perf_counter() - t0)
         completion = np.asarray(out.tokens_bt)
         lengths = np.asarray(out.lengths_b)
@@ -142,8 +164,7 @@ def run_sagc(prompts_pt, args) -> tuple[list[float], float]:
             "completion": completion,
             "old_logp": np.asarray(out.logprobs_bt),
             "mask": mask,
-            "adv": np.asarray(adv),
-            "normalizer": loss_normalizer(mask, settings.aggregation, NEW_TOKENS),
+            "adv": np.asarray(adv, np.float32),
         }
         params, opt_state, upd = programs.update(params, opt_state, batch, update_key, settings)
         upd = jax.device_get(upd)
@@ -288,6 +309,9 @@ def run_trl(prompts_pt, args) -> tuple[list[float], float]:
 def main() -> None:
     args = _parse()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # a CPU-against-CPU comparison
+    if args.mesh_data > 1:  # before jax is imported
+        flag = f"--xla_force_host_platform_device_count={args.mesh_data}"
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
     warnings.filterwarnings("ignore")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     threads = args.threads or cores
@@ -305,7 +329,7 @@ def main() -> None:
     tokens = PROMPTS * GROUP * NEW_TOKENS
 
     print(
-        f"jax {jax.__version__} ({jax.devices()[0].platform}, {jax.device_count()} device) | "
+        f"jax {jax.__version__} ({jax.devices()[0].platform}, {jax.device_count()} devices) | "
         f"torch {torch.__version__} set_num_threads({threads}) | transformers "
         f"{transformers.__version__} | trl {trl.__version__} | {cores} usable cores, "
         f"load {os.getloadavg()[0]:.2f}"
