@@ -145,6 +145,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     initialize(args.coordinator, args.num_processes, args.process_id)  # before any device use
     from sagc_jax.train.loop import Trainer, TrainingDiverged
 
+    if jax.process_count() > 1 and not cfg.logging.run_dir:
+        raise UserError(
+            "a multi-process run needs logging.run_dir: one directory every process sees (the "
+            "default name holds each process's own start time)"
+        )
+
     out_dir = _run_dir(cfg, args.config, "train")
     trainer = Trainer(cfg, out_dir)
     leader = is_leader()

@@ -88,8 +88,11 @@ def test_rules_skip_axes_that_do_not_divide_or_are_taken():
 
 def test_batch_shapes_must_split_over_the_mesh_and_the_processes():
     cfg = load_config(None, [*TINY, "train.prompts_per_step=3"])
-    with pytest.raises(ConfigError, match="at G = 2 a step has 6 rollouts, which the 4 batch"):
+    with pytest.raises(ConfigError, match="6 rollouts, 6 per microbatch, which the 4 batch"):
         check_batch_shapes(cfg, (2, 4), batch_shards=4)
+    split = load_config(None, [*TINY, "train.prompts_per_step=4", "train.microbatches=4"])
+    with pytest.raises(ConfigError, match="8 rollouts, 2 per microbatch, which the 4 batch"):
+        check_batch_shapes(split, (2,), batch_shards=4)
     with pytest.raises(ConfigError, match="3 prompts, which 2 processes cannot share evenly"):
         check_batch_shapes(cfg, (2,), batch_shards=2, processes=2)
     with pytest.raises(ConfigError, match="batch shards is not a multiple of the 2 processes"):
@@ -172,6 +175,9 @@ RUN = [
     "logging.tensorboard=false",
     "logging.plots=false",
     "train.checkpoint_every=2",
+    # prompts of 5 to 9 tokens: the processes' halves of a batch fall in different buckets
+    # unless they agree on one width
+    "sampling.prompt_buckets=[8,16]",
     # frequent stragglers and a fast-moving lambda: SAGC leaves G = 4 for 2 within 4 steps
     "controller.sagc.tau=1.2",
     "controller.sagc.delta=0.05",
@@ -256,6 +262,7 @@ def test_a_run_resumes_on_a_different_mesh(tmp_path):
 def test_a_signal_to_one_process_stops_all_at_the_same_step(tmp_path):
     run_dir = tmp_path / "run"
     overrides = [*RUN, "train.steps=500", "train.checkpoint_every=0", f"logging.run_dir={run_dir}"]
+    overrides.append("train.compile_ahead=true")  # every process compiles both G first
     port = _free_port()
     procs = [
         subprocess.Popen(

@@ -64,6 +64,17 @@ class ShardingPlan:
             transform_non_params=lambda _: self.replicated,
         )
 
+    def for_decoding(self, param_shardings):
+        """Parameter shardings for the decode loop: gathered over ``fsdp`` (still split over
+        ``tensor``). A decode step touches every weight for one token per row; gathering once
+        per rollout beats gathering in every step of the loop."""
+
+        def drop_fsdp(sharding: NamedSharding) -> NamedSharding:
+            spec = [_without(entry, "fsdp") for entry in sharding.spec]
+            return NamedSharding(self.mesh, PartitionSpec(*spec))
+
+        return jax.tree.map(drop_fsdp, param_shardings)
+
     def cache(self, cache: KVCache) -> KVCache:
         """Shardings of a KV cache: rows over data x fsdp, KV heads over tensor."""
         k = (ax.BATCH, ax.ACT_KV_HEADS, None, ax.CACHE_LENGTH)
@@ -99,6 +110,12 @@ class ShardingPlan:
             return np.asarray(local)
 
         return jax.tree.map(one, tree)
+
+
+def _without(entry, axis: str):
+    """A PartitionSpec entry (None, a mesh axis or a tuple of them) with ``axis`` removed."""
+    names = tuple(a for a in ((entry,) if isinstance(entry, str) else entry or ()) if a != axis)
+    return names[0] if len(names) == 1 else names or None
 
 
 def bytes_per_device(tree) -> int:

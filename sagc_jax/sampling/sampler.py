@@ -94,6 +94,9 @@ class Sampler:
         impl = self._generate_impl if batch_sharding is None else self._generate_per_shard
         jit_kw = {}
         self._empty_cache = functools.partial(init_cache, config)
+        self._decode_shardings = None
+        if plan is not None and plan.mesh.shape["fsdp"] > 1:
+            self._decode_shardings = plan.for_decoding(state_shardings)
         if plan is not None:
             cache = plan.cache(jax.eval_shape(lambda: init_cache(config, plan.batch_shards, 1)))
             rows, scalar = plan.rows, plan.replicated
@@ -281,6 +284,15 @@ class Sampler:
     def _generate_traced(
         self, state, prompt_ids_bt, cache, key, temperature, top_p, top_k, *, max_new_tokens
     ):
+        if self._decode_shardings is not None:
+            # FSDP: gather the weights (in the compute dtype, which every use casts them to)
+            # once, before the prefill, rather than in every step of the decode loop.
+            cd = self.config.compute_jnp_dtype
+            state = jax.tree.map(
+                lambda x, s: jax.lax.with_sharding_constraint(x.astype(cd), s),
+                state,
+                self._decode_shardings,
+            )
         model = nnx.merge(self.graphdef, state)
         batch = prompt_ids_bt.shape[0]
         eos_e = jnp.asarray(self.eos_ids, jnp.int32).reshape(-1)

@@ -106,7 +106,12 @@ class DatasetSource(PromptSource):
     ):
         d = cfg.data
         self.rows = load_dataset(d.path, shard_index=shard_index, num_shards=num_shards)
-        self.eval_rows = load_dataset(d.eval_path) if d.eval_path else self.rows
+        # Held-out prompts must be the same list on every process: without an eval file, the
+        # head of the whole training file (not of this process's shard).
+        if d.eval_path or num_shards > 1:
+            self.eval_rows = load_dataset(d.eval_path or d.path)
+        else:
+            self.eval_rows = self.rows
         self.tokenizer = tokenizer
         self.reward_fn = resolve_reward("math" if d.reward == "auto" else d.reward)
         self.rounds_per_step = rounds_per_step

@@ -28,6 +28,7 @@ from sagc_jax.rl import (
     informative_groups,
     overlong_penalty,
 )
+from sagc_jax.sampling.padding import bucket_length
 from sagc_jax.train.checkpoint import CheckpointStore
 from sagc_jax.train.data import make_source
 from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
@@ -82,10 +83,12 @@ def check_batch_shapes(
                 f"at G = {g} a step has {prompts * g} rollouts, which train.minibatches x "
                 f"train.microbatches = {parts} does not divide"
             )
-        if (prompts * g) % batch_shards:
+        if (prompts * g) % (parts * batch_shards):
             raise ConfigError(
-                f"at G = {g} a step has {prompts * g} rollouts, which the {batch_shards} batch "
-                f"shards of the mesh (mesh.data x mesh.fsdp) do not divide"
+                f"at G = {g} a step has {prompts * g} rollouts, {prompts * g // parts} per "
+                f"microbatch, which the {batch_shards} batch shards of the mesh (mesh.data x "
+                f"mesh.fsdp) do not divide; change train.minibatches / train.microbatches or "
+                f"the batch size"
             )
         if prompts % processes:
             raise ConfigError(
@@ -210,7 +213,9 @@ class Trainer:
 
     def _resume(self) -> None:
         step = self.store.latest_step()
-        if step is None:
+        # process 0's view of the directory decides (shared storage may lag on other hosts)
+        step = int(from_leader(np.int64(-1 if step is None else step)))
+        if step < 0:
             return
         meta = self.store.read_meta(step)
         changed = [
@@ -218,6 +223,13 @@ class Trainer:
             for k in config_differences(meta["config"], to_dict(self.cfg))
             if not k.startswith(RESUMABLE_CHANGES)
         ]
+        processes = meta.get("processes", 1)
+        if self.cfg.data.task == "dataset" and processes != jax.process_count():
+            raise ConfigError(
+                f"{self.run_dir}: cannot resume with {jax.process_count()} processes a run of "
+                f"{processes}: each process reads its own shard of the dataset, so the prompt "
+                f"order would change; use {processes} processes or a new logging.run_dir"
+            )
         if changed:
             raise ConfigError(
                 f"{self.run_dir}: cannot resume, the config differs from the run's in "
@@ -239,6 +251,7 @@ class Trainer:
             "rng": np.asarray(jax.random.key_data(self.root_key)),
             "last_eval": self.last_eval,
             "has_opt_state": True,
+            "processes": jax.process_count(),
         }
         self.store.save(self.step, {"params": self.params, "opt_state": self.opt_state}, meta)
         crash_point("checkpoint", self.step)  # the write is in flight (asynchronous)
@@ -251,8 +264,9 @@ class Trainer:
         Uses the prompt bucket of the step's first batch; other buckets compile on first use.
         """
         cfg = self.cfg
-        width = len(self.source.encode(self.source.batch(self.step, 0, 1)[0]))
-        bucket = next(b for b in sorted(cfg.sampling.prompt_buckets) if b >= width)
+        first = self.source.batch(self.step, 0, jax.process_count())  # one prompt per process
+        width = int(gather_rows(np.array([len(self.source.encode(first[0]))])).max())
+        bucket = bucket_length(width, cfg.sampling.prompt_buckets)
         new = cfg.sampling.max_new_tokens
         key = jax.random.key(0)
         for g in self.controller.candidates:
@@ -293,6 +307,12 @@ class Trainer:
             buckets=s.prompt_buckets,
             reward_on_error=cfg.data.reward_on_error,
         )
+        if self.source.rounds_per_step > 1:  # every round of the step gets one width
+            kwargs["min_length"] = max(
+                len(self.source.encode(p))
+                for round_ in range(self.source.rounds_per_step)
+                for p in self.source.batch(self.step, round_, num_prompts)
+            )
         local_prompts = num_prompts // jax.process_count()  # this process's groups
         rounds = []
         kept: list[Rollouts] = []
@@ -445,10 +465,10 @@ class Trainer:
         the same gathered statistics, so they must agree)."""
         g = self.controller.propose()
         leader_g = int(from_leader(np.int32(g)))
-        if leader_g != g:
+        if any_process(leader_g != g):  # all processes stop together, none waits alone
             raise RuntimeError(
-                f"process {jax.process_index()}: the controller proposed G = {g} at step "
-                f"{self.step} but process 0's proposed G = {leader_g}; their states diverged"
+                f"step {self.step}: the processes' controllers disagree (process "
+                f"{jax.process_index()}: G = {g}, process 0: G = {leader_g}); their states diverged"
             )
         return g
 
@@ -479,7 +499,7 @@ class Trainer:
                 total=total_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True
             )
         if cfg.train.compile_ahead:
-            self.compile_ahead()
+            self.compile_ahead(log=print if self.leader else lambda _: None)
         t_start = last_save = time.perf_counter()
         bad_updates = 0
         with StopRequest() as stop:

@@ -37,7 +37,7 @@ class Item:
     name: str
     detail: str
     per_device: int  # bytes on the most loaded device
-    total: int  # bytes over all devices (counting replicas)
+    total: int  # bytes of one whole copy (the distinct pieces of every device together)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,9 +69,9 @@ def architecture(cfg: Config) -> tuple[DecoderConfig, str]:
     return arch, source
 
 
-def _shard_bytes(x, logical, mesh: AbstractMesh) -> int:
+def _shard_bytes(x, logical, mesh: AbstractMesh, rules=RULES) -> int:
     """Bytes of one device's piece of ``x`` when its dimensions have the ``logical`` names."""
-    spec = ax.mesh_spec(tuple(logical), x.shape, mesh, RULES)
+    spec = ax.mesh_spec(tuple(logical), x.shape, mesh, rules)
     shape = list(x.shape)
     for dim, entry in enumerate(spec):
         names = (entry,) if isinstance(entry, str) else tuple(entry or ())
@@ -79,11 +79,11 @@ def _shard_bytes(x, logical, mesh: AbstractMesh) -> int:
     return math.prod(shape) * np.dtype(x.dtype).itemsize
 
 
-def _tree_bytes(tree, logical_tree, mesh) -> tuple[int, int]:
+def _tree_bytes(tree, logical_tree, mesh, rules=RULES) -> tuple[int, int]:
     leaves = jax.tree.leaves(tree)
     is_spec = lambda s: isinstance(s, jax.sharding.PartitionSpec)  # noqa: E731
     specs = jax.tree.leaves(logical_tree, is_leaf=is_spec)
-    per_device = sum(_shard_bytes(x, s, mesh) for x, s in zip(leaves, specs, strict=True))
+    per_device = sum(_shard_bytes(x, s, mesh, rules) for x, s in zip(leaves, specs, strict=True))
     total = sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in leaves)
     return per_device, total
 
@@ -122,6 +122,13 @@ def memory_plan(cfg: Config, num_devices: int) -> MemoryPlan:
     items.append(Item("gradients", detail, copies * p_dev, copies * p_total))
     if cfg.loss.kl_beta > 0:
         items.append(Item("reference model", f"kl_beta = {cfg.loss.kl_beta}", p_dev, p_total))
+
+    if sizes["fsdp"] > 1:  # the sampler gathers the weights over fsdp for the decode loop
+        decode = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, arch.compute_dtype), params)
+        gathered = {**RULES, ax.EMBED: None}
+        d_dev, d_total = _tree_bytes(decode, logical, mesh, gathered)
+        detail = f"weights gathered over fsdp in {arch.compute_dtype} while sampling"
+        items.append(Item("decode weights", detail, d_dev, d_total))
 
     candidates = _candidates(cfg)
     g = max(candidates)
@@ -184,7 +191,7 @@ def format_plan(plan: MemoryPlan, device_memory: float | None = None) -> str:
         f"model: {plan.source}, {plan.num_params / 1e9:.3f} B parameters ({plan.param_dtype})",
         f"mesh: {mesh} ({devices} device{'s' if devices > 1 else ''})",
         "",
-        f"{'':<17}{'per device':>12}{'all devices':>14}  detail",
+        f"{'':<17}{'per device':>12}{'whole':>14}  detail",
     ]
     for item in plan.items:
         lines.append(

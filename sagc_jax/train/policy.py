@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import jax
+import numpy as np
 from flax import nnx
 
 from sagc_jax.config import Config, ConfigError
@@ -48,13 +49,19 @@ def build_sharded_policy(cfg: Config, tokenizer, seed: int, plan: ShardingPlan):
     """(graphdef, params, architecture, param shardings) with the params placed by ``plan``.
 
     A random preset is initialised inside one program whose outputs are already split, so no
-    device ever holds the whole model; HF weights are read on the host, then placed.
+    device ever holds the whole model; HF weights are read (onto the first device), copied to
+    the host once, and each device takes its piece from there.
     """
     if cfg.model.hf_checkpoint:
         model = build_model(cfg, tokenizer, seed)
         graphdef, params = nnx.split(model)
         shardings = plan.params(params)
-        return graphdef, jax.device_put(params, shardings), model.config, shardings
+
+        def place(x, sharding):  # every device takes its own piece of one host copy
+            host = np.asarray(x)
+            return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+        return graphdef, jax.tree.map(place, params, shardings), model.config, shardings
     arch = preset_architecture(cfg, tokenizer)
 
     def init():

@@ -12,6 +12,7 @@ import dataclasses
 import jax
 import numpy as np
 
+from sagc_jax.parallel import gather_rows
 from sagc_jax.sampling.padding import left_pad
 from sagc_jax.tasks import score_batch
 from sagc_jax.train.data import Prompt
@@ -95,10 +96,16 @@ def generate(
     top_k: int,
     buckets: tuple[int, ...],
     reward_on_error: str = "raise",
+    min_length: int = 0,
 ) -> Rollouts:
-    """Sample G completions for every prompt and score them with the source's reward."""
+    """Sample G completions for every prompt and score them with the source's reward.
+
+    Prompts are padded to the bucket of the longest prompt of every process (the processes'
+    rows form one global batch of one width), or of ``min_length`` if longer.
+    """
     encoded = [source.encode(p) for p in prompts]
-    ids_pt, lens_p = left_pad(encoded, source.tokenizer.pad_id, buckets)
+    longest = int(gather_rows(np.array([max(min_length, *map(len, encoded))])).max())
+    ids_pt, lens_p = left_pad(encoded, source.tokenizer.pad_id, buckets, min_length=longest)
     prompt_ids = np.repeat(ids_pt, group_size, axis=0)
     prompt_lens = np.repeat(lens_p, group_size, axis=0)
     out = sampler(

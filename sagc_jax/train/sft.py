@@ -65,7 +65,12 @@ def run_sft(cfg: Config, trainer_parts, run_dir: Path, progress: bool = True) ->
         raise ConfigError("sagc-jax sft needs task traces: use data.task = 'synthetic'")
     s = cfg.sft
     tx = make_optimizer(
-        s.learning_rate, total_steps=s.steps, warmup_steps=s.warmup_steps, schedule="cosine"
+        s.learning_rate,
+        total_steps=s.steps,
+        warmup_steps=s.warmup_steps,
+        schedule="cosine",
+        state_dtype=cfg.train.optimizer_dtype,
+        param_dtype=cfg.model.param_dtype,
     )
     opt_state = tx.init(params)
     completion = source.task.max_completion_chars()
