@@ -244,16 +244,8 @@ class Sampler:
 
         def local(state, prompt_ids_bt, cache, key, temperature, top_p, top_k):
             key = jax.random.fold_in(key, jax.lax.axis_index(axis))
-            out, cache = self._generate_impl(
-                state,
-                prompt_ids_bt,
-                cache,
-                key,
-                temperature,
-                top_p,
-                top_k,
-                max_new_tokens=max_new_tokens,
-            )
+            args = (state, prompt_ids_bt, cache, key, temperature, top_p, top_k)
+            out, cache = self._generate_impl(*args, max_new_tokens)
             return out._replace(num_decode_steps=out.num_decode_steps[None]), cache
 
         out, cache = jax.shard_map(
@@ -265,24 +257,13 @@ class Sampler:
         )(state, prompt_ids_bt, cache, key, temperature, top_p, top_k)
         return out._replace(num_decode_steps=jnp.max(out.num_decode_steps)), cache
 
-    def _generate_impl(
-        self, state, prompt_ids_bt, cache, key, temperature, top_p, top_k, max_new_tokens
-    ):
+    def _generate_impl(self, *args):
         self.num_traces += 1  # Python side effect: runs once per trace, never per call
         with self.plan.activate() if self.plan is not None else contextlib.nullcontext():
-            return self._generate_traced(
-                state,
-                prompt_ids_bt,
-                cache,
-                key,
-                temperature,
-                top_p,
-                top_k,
-                max_new_tokens=max_new_tokens,
-            )
+            return self._generate_traced(*args)
 
     def _generate_traced(
-        self, state, prompt_ids_bt, cache, key, temperature, top_p, top_k, *, max_new_tokens
+        self, state, prompt_ids_bt, cache, key, temperature, top_p, top_k, max_new_tokens
     ):
         if self._decode_shardings is not None:
             # FSDP: gather the weights (in the compute dtype, which every use casts them to)

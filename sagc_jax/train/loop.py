@@ -36,7 +36,7 @@ from sagc_jax.train.faults import StopRequest, crash_point
 from sagc_jax.train.metrics import MetricsWriter
 from sagc_jax.train.optim import make_optimizer
 from sagc_jax.train.policy import build_sharded_policy, build_tokenizer, load_run_params
-from sagc_jax.train.programs import PolicyPrograms, StateShardings, UpdateSettings
+from sagc_jax.train.programs import PolicyPrograms, StateShardings, UpdateSettings, batch_spec
 from sagc_jax.train.rollout import Rollouts, generate
 
 # Keys of the config that may change when a run is resumed (the rest must match).
@@ -274,18 +274,8 @@ class Trainer:
             t0 = time.perf_counter()
             self.sampler.compile(self.params, n, bucket, max_new_tokens=new)
             t1 = time.perf_counter()
-
-            def spec(shape, dtype):  # as real batches are placed: rows split over the mesh
-                return jax.ShapeDtypeStruct(shape, dtype, sharding=self.plan.rows)
-
-            batch = {
-                "prompt_ids": spec((n, bucket), jnp.int32),
-                "prompt_lens": spec((n,), jnp.int32),
-                "completion": spec((n, new), jnp.int32),
-                "old_logp": spec((n, new), jnp.float32),
-                "mask": spec((n, new), jnp.float32),
-                "adv": spec((n,), jnp.float32),
-            }
+            # shaped and placed as a real batch: rows split over the mesh
+            batch = batch_spec(n, bucket, new, self.plan.rows)
             self.programs.compile_update(
                 self.params, self.opt_state, batch, key, self.settings, self.ref_params
             )

@@ -51,27 +51,13 @@ def make_optimizer(
     if max_grad_norm > 0:
         parts.insert(0, optax.clip_by_global_norm(max_grad_norm))
     tx = optax.chain(*parts)
-    if state_dtype != "float32":
-        return tx
-    return with_float32_master(tx) if param_dtype != "float32" else in_float32(tx)
+    if state_dtype == "float32" and param_dtype != "float32":
+        return with_float32_master(tx)
+    return tx  # float32 params: the moments are float32 already
 
 
 def _to_f32(tree):
     return jax.tree.map(lambda x: x.astype(jnp.float32), tree)
-
-
-def in_float32(inner: optax.GradientTransformation) -> optax.GradientTransformation:
-    """``inner`` with float32 state and arithmetic, updates in each gradient's dtype."""
-
-    def init(params):
-        return inner.init(_to_f32(params))
-
-    def update(grads, state, params=None):
-        f32_params = None if params is None else _to_f32(params)
-        updates, state = inner.update(_to_f32(grads), state, f32_params)
-        return jax.tree.map(lambda u, g: u.astype(g.dtype), updates, grads), state
-
-    return optax.GradientTransformation(init, update)
 
 
 class MasterState(NamedTuple):

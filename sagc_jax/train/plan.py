@@ -15,19 +15,20 @@ import math
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import AbstractMesh
 
 from sagc_jax.config import Config
-from sagc_jax.models import Decoder, DecoderConfig, get_preset
+from sagc_jax.controller import make_controller
+from sagc_jax.models import Decoder, DecoderConfig
 from sagc_jax.models import axes as ax
 from sagc_jax.parallel import BATCH_AXES, MESH_AXES, RULES, mesh_shape
 from sagc_jax.tasks import CharTokenizer
 from sagc_jax.train.loop import make_trainer_optimizer, prompts_for, update_settings
-from sagc_jax.train.programs import rows_loss
+from sagc_jax.train.policy import preset_architecture
+from sagc_jax.train.programs import batch_spec, rows_loss
 
 GIB = 1024**3
 
@@ -56,17 +57,17 @@ class MemoryPlan:
 def architecture(cfg: Config) -> tuple[DecoderConfig, str]:
     """The model's shapes: the HF checkpoint's config.json if present, else the preset."""
     m = cfg.model
-    dtypes = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat)
     if m.hf_checkpoint and (Path(m.hf_checkpoint) / "config.json").is_file():
         hf = json.loads((Path(m.hf_checkpoint) / "config.json").read_text())
-        return DecoderConfig.from_hf_config(hf, **dtypes), f"{m.hf_checkpoint}/config.json"
-    arch = get_preset(m.preset).replace(**dtypes)
+        arch = DecoderConfig.from_hf_config(
+            hf, param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat
+        )
+        return arch, f"{m.hf_checkpoint}/config.json"
     source = f"preset {m.preset}"
     if m.hf_checkpoint:
         source += f" ({m.hf_checkpoint} not found)"
-    if cfg.data.task == "synthetic":
-        arch = arch.replace(vocab_size=CharTokenizer().vocab_size)
-    return arch, source
+    synthetic = cfg.data.task == "synthetic"  # its character vocabulary
+    return preset_architecture(cfg, CharTokenizer() if synthetic else None), source
 
 
 def _shard_bytes(x, logical, mesh: AbstractMesh, rules=RULES) -> int:
@@ -130,8 +131,7 @@ def memory_plan(cfg: Config, num_devices: int) -> MemoryPlan:
         detail = f"weights gathered over fsdp in {arch.compute_dtype} while sampling"
         items.append(Item("decode weights", detail, d_dev, d_total))
 
-    candidates = _candidates(cfg)
-    g = max(candidates)
+    g = max(make_controller(cfg.controller).candidates)
     rows = prompts_for(cfg, g) * g
     slots = max(cfg.sampling.prompt_buckets) + cfg.sampling.max_new_tokens
     cache = jax.ShapeDtypeStruct(
@@ -150,27 +150,12 @@ def memory_plan(cfg: Config, num_devices: int) -> MemoryPlan:
     return MemoryPlan(source, count, arch.param_dtype, sizes, items)
 
 
-def _candidates(cfg: Config) -> tuple[int, ...]:
-    if cfg.controller.kind == "fixed":
-        return (cfg.controller.group_size,)
-    return tuple(cfg.controller.sagc.candidates)
-
-
 def _residual_bytes(cfg: Config, graphdef, params, rows: int) -> int:
     """Bytes the backward pass of the loss keeps for ``rows`` rollout rows (longest bucket)."""
     from jax._src.ad_checkpoint import saved_residuals  # what jax.ad_checkpoint prints
 
     settings = update_settings(cfg)
-    bucket = max(cfg.sampling.prompt_buckets)
-    new = cfg.sampling.max_new_tokens
-    batch = {
-        "prompt_ids": jax.ShapeDtypeStruct((rows, bucket), jnp.int32),
-        "prompt_lens": jax.ShapeDtypeStruct((rows,), jnp.int32),
-        "completion": jax.ShapeDtypeStruct((rows, new), jnp.int32),
-        "old_logp": jax.ShapeDtypeStruct((rows, new), jnp.float32),
-        "mask": jax.ShapeDtypeStruct((rows, new), jnp.float32),
-        "adv": jax.ShapeDtypeStruct((rows,), jnp.float32),
-    }
+    batch = batch_spec(rows, max(cfg.sampling.prompt_buckets), cfg.sampling.max_new_tokens)
     ref = params if settings.kl_beta > 0 else None
 
     def loss(p, b, r):

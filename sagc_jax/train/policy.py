@@ -72,20 +72,18 @@ def build_sharded_policy(cfg: Config, tokenizer, seed: int, plan: ShardingPlan):
     return graphdef, jax.jit(init, out_shardings=shardings)(), arch, shardings
 
 
-def preset_architecture(cfg: Config, tokenizer) -> DecoderConfig:
-    """The architecture of ``model.preset`` with the configured dtypes and remat policy."""
+def preset_architecture(cfg: Config, tokenizer=None) -> DecoderConfig:
+    """The architecture of ``model.preset`` with the configured dtypes and remat policy, and the
+    tokenizer's special tokens (none given: the preset's, enough for shapes)."""
     m = cfg.model
     try:
         arch: DecoderConfig = get_preset(m.preset)
     except (KeyError, ValueError) as err:
         raise ConfigError(f"model.preset = {m.preset!r}: {err}") from None
-    arch = arch.replace(
-        param_dtype=m.param_dtype,
-        compute_dtype=m.compute_dtype,
-        remat=m.remat,
-        bos_id=tokenizer.bos_id,
-        eos_ids=(tokenizer.eos_id,) if tokenizer.eos_id is not None else arch.eos_ids,
-    )
+    arch = arch.replace(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat)
+    if tokenizer is not None:
+        eos = (tokenizer.eos_id,) if tokenizer.eos_id is not None else arch.eos_ids
+        arch = arch.replace(bos_id=tokenizer.bos_id, eos_ids=eos)
     if isinstance(tokenizer, CharTokenizer):  # a small vocab keeps the CPU demo fast
         arch = arch.replace(vocab_size=tokenizer.vocab_size)
     return arch

@@ -96,6 +96,19 @@ class UpdateSettings:
 BATCH_KEYS = ("prompt_ids", "prompt_lens", "completion", "old_logp", "mask", "adv")
 
 
+def batch_spec(rows: int, prompt_len: int, new_tokens: int, sharding=None) -> dict:
+    """ShapeDtypeStructs of an update batch (``BATCH_KEYS``) of ``rows`` rollouts."""
+    shapes = {
+        "prompt_ids": ((rows, prompt_len), jnp.int32),
+        "prompt_lens": ((rows,), jnp.int32),
+        "completion": ((rows, new_tokens), jnp.int32),
+        "old_logp": ((rows, new_tokens), jnp.float32),
+        "mask": ((rows, new_tokens), jnp.float32),
+        "adv": ((rows,), jnp.float32),
+    }
+    return {k: jax.ShapeDtypeStruct(*v, sharding=sharding) for k, v in shapes.items()}
+
+
 @dataclasses.dataclass(frozen=True)
 class StateShardings:
     """Where the trained state lives on the mesh (pytrees of ``NamedSharding``)."""
