@@ -28,6 +28,20 @@ def test_group_advantages_by_hand():
     np.testing.assert_allclose(stats["mean_p"], [0.5, 1.0, 0.25])
 
 
+@pytest.mark.parametrize("value", [0.7, 1 / 3, 0.1, 0.35, -0.45, 1.0])
+@pytest.mark.parametrize("group_size", [4, 8, 16, 32, 64])
+@pytest.mark.parametrize("scale_by_std", [True, False])
+def test_all_equal_groups_get_exactly_zero_advantage(value, group_size, scale_by_std):
+    """Values float32 does not represent exactly (DAPO's overlong shaping makes them) used to
+    leave a one-ulp mean error that the std then blew up to advantages of 0.05-0.3."""
+    rewards = np.concatenate([np.full(group_size, value), [0.0, 1.0] * (group_size // 2)])
+    groups = np.repeat(np.arange(2), group_size)
+    adv, stats = group_advantages(rewards.astype(np.float32), groups, 2, scale_by_std=scale_by_std)
+    np.testing.assert_array_equal(np.asarray(adv)[:group_size], 0.0)
+    np.testing.assert_array_equal(stats["zero_variance_p"], [True, False])
+    assert np.all(np.abs(np.asarray(adv)[group_size:]) > 0.1)
+
+
 def test_dr_grpo_advantages_are_centred_only():
     adv, _ = group_advantages(REWARDS, GROUPS, 3, scale_by_std=False)
     np.testing.assert_allclose(adv, [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0, -0.25, -0.25, 0.75, -0.25])

@@ -39,7 +39,11 @@ def group_advantages(
     centred_b = rewards_b - mean_p[group_ids_b]
     var_p = seg(centred_b**2) / jnp.maximum(count_p - 1.0, 1.0)
     std_p = jnp.sqrt(var_p)
-    zero_variance_p = seg(jnp.abs(centred_b)) <= 1e-8 * jnp.maximum(seg(jnp.abs(rewards_b)), 1.0)
+    # All-equal is decided on the rewards themselves: a mean of values float32 cannot represent
+    # exactly (0.7, 1/3) is an ulp off, so their centred values are not 0 and the std is tiny.
+    max_p = jax.ops.segment_max(rewards_b, group_ids_b, num_segments=num_groups)
+    min_p = jax.ops.segment_min(rewards_b, group_ids_b, num_segments=num_groups)
+    zero_variance_p = (max_p == min_p) | (count_p == 0)
     adv_b = centred_b / (std_p[group_ids_b] + eps) if scale_by_std else centred_b
     adv_b = jnp.where(zero_variance_p[group_ids_b], 0.0, adv_b)
     return adv_b, {"mean_p": mean_p, "std_p": std_p, "zero_variance_p": zero_variance_p}
