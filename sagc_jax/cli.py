@@ -1,7 +1,8 @@
-"""The ``sagc-jax`` command line: sft, train, plan, eval, compare, report, simulate, replay,
-config.
+"""The ``sagc-jax`` command line: sft, train, plan, eval, compare, report, tokenizer, simulate,
+replay, config.
 
-Every subcommand takes ``--config FILE`` and any number of ``--set section.key=value``.
+Every subcommand but ``report RUN`` and ``tokenizer`` takes ``--config FILE`` and any number of
+``--set section.key=value``.
 Bad input (config, paths, logs) ends with one line on stderr and exit code 2.
 """
 
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import signal
 import sys
 import time
@@ -103,8 +106,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _print_summary(title: str, summary: dict, out_dir: Path) -> None:
-    plain = {k: v for k, v in summary.items() if isinstance(v, int | float | str) and v != ""}
-    (out_dir / "summary.json").write_text(json.dumps(plain, indent=2) + "\n")
+    plain = {
+        k: v
+        for k, v in summary.items()
+        if (isinstance(v, int | str) and v != "") or (isinstance(v, float) and math.isfinite(v))
+    }
+    (out_dir / "summary.json").write_text(json.dumps(plain, indent=2, allow_nan=False) + "\n")
     print(
         f"{title}: "
         + ", ".join(
@@ -118,20 +125,31 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
     from sagc_jax.train.data import make_source
     from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
+    from sagc_jax.train.faults import phase, resume_hint
     from sagc_jax.train.policy import build_model
-    from sagc_jax.train.sft import run_sft
+    from sagc_jax.train.sft import run_sft, set_aside, sft_progress
 
     cfg = load_config(args.config, args.overrides)
     out_dir = _run_dir(cfg, args.config, "sft")
-    if (out_dir / "summary.json").exists() and not args.force:
-        print(f"sft: reusing the warm start in {out_dir} (--force to train it again)")
-        return 0
+    if args.force:
+        moved = set_aside(out_dir)
+        if moved:
+            print(f"sft: --force: {moved}; training from scratch")
+    else:
+        step, finished = sft_progress(cfg, out_dir)  # refuses a run of another config
+        if finished and (out_dir / "summary.json").exists():
+            print(f"sft: reusing the warm start in {out_dir} (--force to train it again)")
+            return 0
+        if step is not None:
+            print(f"sft: resuming {out_dir} from step {step}")
     source = make_source(cfg)
     model = build_model(cfg, source.tokenizer, seed=cfg.sft.seed)
     graphdef, params = nnx.split(model)
     result = run_sft(cfg, (graphdef, params, source), out_dir, progress=cfg.logging.progress)
     sampler = policy_sampler(graphdef, model.config, source.tokenizer, keep_cache=False)
-    result.update(evaluate_policy(sampler, result.pop("params"), source, cfg))
+    kept = f"the finished warm start is saved in {out_dir}; {resume_hint(cfg, out_dir)}"
+    with phase("the final evaluation", kept):
+        result.update(evaluate_policy(sampler, result.pop("params"), source, cfg))
     _print_summary(f"sft done, wrote {out_dir}", result, out_dir)
     return 0
 
@@ -154,6 +172,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     out_dir = _run_dir(cfg, args.config, "train")
     trainer = Trainer(cfg, out_dir)
     leader = is_leader()
+    if trainer.finished:
+        trainer.close()
+        if leader:
+            print(
+                f"train: {out_dir} is finished (step {trainer.step} of train.steps = "
+                f"{cfg.train.steps}); nothing changed (raise train.steps to train further)"
+            )
+        return 0
     if leader:
         print(f"train: {trainer.plan.describe()}, {jax.process_count()} process(es)")
     if trainer.step and leader:
@@ -179,22 +205,88 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+# Keys that shape the stored parameters: a --config differing in one cannot load the run.
+PARAM_KEYS = (
+    "model.preset",
+    "model.hf_checkpoint",
+    "model.tokenizer",
+    "model.param_dtype",
+    "data.task",  # the synthetic task brings its own character vocabulary
+)
+
+
+def _saved_run_config(run: Path) -> tuple[dict, int]:
+    """(the config saved with the newest verified checkpoint of ``run``, its step)."""
+    from sagc_jax.config import from_dict
+    from sagc_jax.train.checkpoint import CheckpointStore
+
+    if not (run / "checkpoints").is_dir():
+        raise UserError(f"{run}: no checkpoints/ directory; --checkpoint takes a run directory")
+    store = CheckpointStore(run / "checkpoints")
+    try:
+        step = store.newest_verified_step()
+        meta = store.read_meta(step) if step is not None else {}
+    finally:
+        store.close()
+    if step is None:
+        raise UserError(f"{run / 'checkpoints'}: no complete checkpoint to evaluate")
+    try:
+        return to_dict(from_dict(meta["config"])), step  # keys added since get defaults
+    except ConfigError as err:
+        raise UserError(f"{run}: its saved config no longer loads ({err}); pass --config") from None
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from flax import nnx
 
+    from sagc_jax.config import _set_dotted, from_dict, parse_override
     from sagc_jax.train.data import make_source
     from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
+    from sagc_jax.train.faults import phase
+    from sagc_jax.train.loop import config_differences
     from sagc_jax.train.policy import build_model, build_tokenizer, load_run_params
 
-    cfg = load_config(args.config, args.overrides)
+    run = args.checkpoint
+    saved, step = _saved_run_config(run)
+    if args.config is None:  # the run's own config, with the --set overrides
+        data = json.loads(json.dumps(saved))
+        for text in args.overrides:
+            key, value = parse_override(text)
+            _set_dotted(data, key, value, f"--set {text}")
+        try:
+            cfg = from_dict(data)
+        except ConfigError as err:
+            raise ConfigError(f"--set over the config saved in {run}: {err}") from None
+        used = f"the config saved with the run (step {step})"
+        if args.overrides:
+            used += " with " + " ".join(f"--set {o}" for o in args.overrides)
+        print(f"eval {run}: {used}")
+    else:
+        cfg = load_config(args.config, args.overrides)
+        differ = [
+            k for k in config_differences(saved, to_dict(cfg)) if not k.startswith("logging.")
+        ]
+        blocking = [k for k in differ if k.startswith(PARAM_KEYS)]
+        if blocking:
+            raise UserError(
+                f"{run}: its parameters do not fit --config {args.config}, which differs from "
+                f"the run's saved config in {', '.join(blocking)}; leave out --config to use "
+                f"the run's own"
+            )
+        listed = ", ".join(differ[:8]) + ("..." if len(differ) > 8 else "")
+        print(
+            f"eval {run}: config {args.config}"
+            + (f"; differs from the run's saved config in {listed}" if differ else "")
+        )
     tokenizer = build_tokenizer(cfg) if cfg.data.task != "synthetic" else None
     source = make_source(cfg, tokenizer)
     model = build_model(cfg, source.tokenizer, seed=0)
     graphdef, params = nnx.split(model)
-    params = load_run_params(args.checkpoint, params)
+    params = load_run_params(run, params, unfinished_ok=True)
     sampler = policy_sampler(graphdef, model.config, source.tokenizer, keep_cache=False)
-    result = evaluate_policy(sampler, params, source, cfg, args.num)
-    print(f"eval {args.checkpoint}: " + ", ".join(f"{k}={v:.4g}" for k, v in result.items()))
+    with phase("the evaluation"):
+        result = evaluate_policy(sampler, params, source, cfg, args.num)
+    print(f"eval {run}: " + ", ".join(f"{k}={v:.4g}" for k, v in result.items()))
     return 0
 
 
@@ -204,6 +296,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     if args.devices is not None and args.devices < 1:
         raise UserError(f"--devices {args.devices}: must be >= 1")
+    if cfg.sampling.prompt_buckets == "auto":  # the longest bucket comes from the data
+        from sagc_jax.train.data import make_source, with_resolved_buckets
+        from sagc_jax.train.policy import build_tokenizer
+
+        tokenizer = build_tokenizer(cfg) if cfg.data.task != "synthetic" else None
+        cfg = with_resolved_buckets(cfg, make_source(cfg, tokenizer))
     import jax
 
     devices = args.devices or jax.device_count()
@@ -250,6 +348,28 @@ def cmd_report(args: argparse.Namespace) -> int:
     )
     if steps:
         print(f"plots in {args.run_dir / 'report'}")
+    return 0
+
+
+def cmd_tokenizer(args: argparse.Namespace) -> int:
+    from sagc_jax.models.tokenizer import train_tokenizer
+    from sagc_jax.tasks import load_dataset
+
+    out = args.out
+    if (out / "tokenizer.json").exists() and not args.force:
+        raise UserError(f"{out / 'tokenizer.json'} exists; choose another --out or add --force")
+    rows = [row for path in args.data for row in load_dataset(path)]
+    texts = (text for row in rows for text in (row.prompt, row.answer))
+    try:
+        tok = train_tokenizer(texts, out, kind=args.kind, vocab_size=args.vocab_size)
+    except ValueError as err:
+        raise UserError(f"--kind {args.kind} --vocab-size {args.vocab_size}: {err}") from None
+    except OSError as err:
+        raise UserError(f"{out}: cannot write the tokenizer ({err.strerror})") from None
+    print(
+        f"tokenizer: wrote {out / 'tokenizer.json'} and tokenizer_config.json ({args.kind}, "
+        f"{tok.vocab_size} tokens, from {len(rows)} rows); train with --set model.tokenizer={out}"
+    )
     return 0
 
 
@@ -338,6 +458,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", type=Path, help="a sagc-jax train run directory")
     p.set_defaults(func=cmd_report)
 
+    p = sub.add_parser(
+        "tokenizer",
+        help="build a tokenizer directory from a dataset's text (no Hugging Face model needed)",
+        description="Trains a tokenizer on the prompts and answers of JSONL/Parquet files and "
+        "writes tokenizer.json and tokenizer_config.json (pad/bos/eos tokens, a chat template) "
+        "into --out, for model.tokenizer.",
+    )
+    p.add_argument(
+        "--data", type=Path, nargs="+", required=True, metavar="FILE", help="dataset files"
+    )
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory to write")
+    p.add_argument(
+        "--kind",
+        choices=("bpe", "char"),
+        default="bpe",
+        help="bpe: byte-level BPE trained on the text; char: one token per character "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=512,
+        metavar="N",
+        help="most tokens, specials included; at most the model's vocabulary (default: "
+        "%(default)s, the tiny preset's)",
+    )
+    p.add_argument("--force", action="store_true", help="replace an existing tokenizer in --out")
+    p.set_defaults(func=cmd_tokenizer)
+
     p = sub.add_parser("config", help="print the resolved configuration as YAML")
     _add_common(p)
     p.set_defaults(func=cmd_config)
@@ -368,6 +517,11 @@ def _bad_input_errors() -> tuple[type[Exception], ...]:
     from sagc_jax.tasks import DatasetError, RewardError
 
     errors: tuple[type[Exception], ...] = (ConfigError, UserError, DatasetError, RewardError)
+    if "sagc_jax.train.checkpoint" in sys.modules:  # only loaded by commands that write runs
+        from sagc_jax.train.checkpoint import CheckpointError
+        from sagc_jax.train.runlock import RunDirBusy
+
+        errors += (CheckpointError, RunDirBusy)
     if "sagc_jax.models" in sys.modules:  # only loaded by commands that build a model
         from sagc_jax.models import CheckpointMismatchError
 
@@ -376,18 +530,42 @@ def _bad_input_errors() -> tuple[type[Exception], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand. SIGINT/SIGTERM end it with one line on stderr and exit code 128 +
+    the signal number (130, 143), whatever it was doing (see ``sagc_jax.train.faults``)."""
+    from sagc_jax.train.faults import Interrupted, received, stop_signals
+
     args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except Exception as err:
-        if not isinstance(err, _bad_input_errors()):
-            raise
-        # Multi-line messages (a header, then one line per problem): header, first problem, count.
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [""]
-        head = " ".join(lines[:2])
-        more = f" (+{len(lines) - 2} more)" if len(lines) > 2 else ""
-        print(f"error: {head}{more}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+
+    def stopped(stop: Interrupted) -> int:
+        print(stop.message(args.command), file=sys.stderr)
+        if argv is None:  # this process is the command (not a caller's test)
+            # Interpreter teardown can crash (SIGSEGV) after an import or a compilation that
+            # the signal cut short; every file is written and closed by now, so skip it.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(128 + stop.signum)
+        return 128 + stop.signum
+
+    with stop_signals():
+        try:
+            code = args.func(args)
+        except Interrupted as stop:
+            return stopped(stop)
+        except Exception as err:
+            if received() is not None:  # the stop, wrapped into another error (a JAX callback)
+                return stopped(Interrupted(received()))
+            if not isinstance(err, _bad_input_errors()):
+                raise
+            # Multi-line messages (a header, then one line per problem): header, first
+            # problem, count.
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [""]
+            head = " ".join(lines[:2])
+            more = f" (+{len(lines) - 2} more)" if len(lines) > 2 else ""
+            print(f"error: {head}{more}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if code == 0 and received() is not None:  # swallowed, and the command ran to its end
+            return stopped(Interrupted(received(), "", "it had finished: its results are written"))
+        return code
 
 
 if __name__ == "__main__":

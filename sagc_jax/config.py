@@ -140,10 +140,21 @@ class SamplingConfig(_Section):
     temperature: float = option(1.0, ge=0.0)
     top_p: float = option(1.0, gt=0.0, le=1.0)
     top_k: int = option(0, ge=0, help="0 disables top-k")
-    prompt_buckets: tuple[int, ...] = option((64, 128, 256, 512, 1024, 2048, 4096), ge=1)
+    prompt_buckets: tuple[int, ...] | str = option(
+        (64, 128, 256, 512, 1024, 2048, 4096),
+        ge=1,
+        help="prompt lengths the sampler pads to (one program each), strictly increasing; "
+        "'auto': a few rungs up to the longest prompt, derived from the data at start-up",
+    )
 
     def check(self) -> None:
-        if list(self.prompt_buckets) != sorted(set(self.prompt_buckets)):
+        if isinstance(self.prompt_buckets, str):
+            if self.prompt_buckets != "auto":
+                raise ConfigError(
+                    f"sampling.prompt_buckets = {self.prompt_buckets!r} is not allowed; give a "
+                    f"strictly increasing list of token counts, e.g. [128, 256], or 'auto'"
+                )
+        elif list(self.prompt_buckets) != sorted(set(self.prompt_buckets)):
             raise ConfigError(
                 f"sampling.prompt_buckets = {list(self.prompt_buckets)} must be strictly increasing"
             )
@@ -280,6 +291,12 @@ class SFTConfig(_Section):
         help="share of traces that never conclude (repeat the last sum up to "
         "sampling.max_new_tokens): a deliberately imperfect warm start that RL must fix",
     )
+    checkpoint_every: int = option(
+        100,
+        ge=0,
+        help="save params and optimizer state every N steps to resume from (0: only at the end "
+        "and when stopped by a signal)",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,7 +309,26 @@ class DataConfig(_Section):
     eval_path: str | None = option(None, help="held-out file (task: dataset)")
     reward: str = option("auto", help="'auto', 'synthetic', 'math' or 'module:function'")
     reward_on_error: str = option("raise", choices=("raise", "zero"))
+    math_timeout_s: float = option(
+        2.0,
+        gt=0.0,
+        help="math reward: seconds one completion's symbolic check may take before its worker "
+        "process is killed; it scores 0 and counts in reward_timeouts",
+    )
+    math_batch_timeout_s: float = option(
+        30.0,
+        gt=0.0,
+        help="math reward: seconds the symbolic checks of one batch may take together; rows "
+        "unfinished then score 0 and count in reward_timeouts",
+    )
+    math_workers: int = option(2, ge=1, le=64, help="math reward: symbolic checker processes")
     chat_template: bool = option(False, help="wrap dataset prompts in the tokenizer's template")
+    on_long_prompt: str = option(
+        "error",
+        choices=("error", "skip"),
+        help="a dataset prompt longer than the largest prompt bucket: stop at load time naming "
+        "its row (error), or leave the row out and print how many were (skip)",
+    )
     min_terms: int = option(2, ge=1, help="synthetic task: fewest terms per problem")
     max_terms: int = option(8, ge=1)
     min_digits: int = option(1, ge=1)
@@ -311,6 +347,11 @@ class DataConfig(_Section):
             )
         if self.task == "dataset" and not self.path:
             raise ConfigError("data.task = 'dataset' needs data.path (a JSONL or Parquet file)")
+        if self.math_batch_timeout_s < self.math_timeout_s:
+            raise ConfigError(
+                f"data.math_batch_timeout_s = {self.math_batch_timeout_s} < data.math_timeout_s = "
+                f"{self.math_timeout_s}: the batch limit must allow at least one full check"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -600,4 +641,7 @@ def _locate(message: str, origin: str, lines: dict[str, int], set_keys: dict[str
             return f"--set {set_keys[candidate]}: {message}"
         if candidate in lines:
             return f"{origin}:{lines[candidate]}: {message}"
+    for dotted, text in set_keys.items():  # an unknown section: --set trian.steps=3
+        if dotted.startswith(f"{key}."):
+            return f"--set {text}: {message}"
     return f"{origin}: {message}"

@@ -113,3 +113,31 @@ def test_cli_bad_input_is_one_line_exit_2_no_traceback(tmp_path):
         assert proc.returncode == 2
         assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_unknown_section_in_a_set_blames_the_set(tmp_path):
+    path = write(tmp_path, "train:\n  steps: 5\n")
+    for config in (None, path):
+        msg = error_of(config, ["train.seed=1", "trian.steps=3"])
+        assert msg.startswith("--set trian.steps=3: unknown key 'trian'; did you mean 'train'?")
+
+
+def test_prompt_buckets_auto_or_a_list():
+    assert load_config(None, ["sampling.prompt_buckets=auto"]).sampling.prompt_buckets == "auto"
+    assert load_config(None, ["sampling.prompt_buckets=[8,16]"]).sampling.prompt_buckets == (8, 16)
+    msg = error_of(None, ["sampling.prompt_buckets=automatic"])
+    assert "prompt_buckets = 'automatic' is not allowed" in msg and "or 'auto'" in msg
+    assert "must be strictly increasing" in error_of(None, ["sampling.prompt_buckets=[16,8]"])
+    assert "choose one of ['error', 'skip']" in error_of(None, ["data.on_long_prompt=drop"])
+
+
+def test_the_commands_without_config_are_the_ones_the_docs_name():
+    import sagc_jax.cli as cli
+
+    parser = cli.build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    without = sorted(n for n, p in commands.items() if "--config" not in p._option_string_actions)
+    assert without == ["report", "tokenizer"]
+    assert "Every subcommand but ``report RUN`` and ``tokenizer`` takes ``--config" in cli.__doc__
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "Every subcommand but `report RUN` and `tokenizer` takes `--config FILE`" in readme

@@ -91,3 +91,101 @@ def test_template_errors_surface(tokenizer_dirs):
     _, v5_dir, _ = tokenizer_dirs
     with pytest.raises(Exception, match="unknown role tool"):
         Tokenizer.from_dir(v5_dir).apply_chat_template([{"role": "tool", "content": "x"}])
+
+
+# --------------------------------------------------------------------------- sagc-jax tokenizer
+
+ROWS = [
+    {"prompt": f"What is {a} + {b}? Put the answer in \\boxed{{}}.", "answer": str(a + b)}
+    for a in range(6)
+    for b in range(4)
+]
+
+
+def write_rows(path, rows=ROWS):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("kind", ["bpe", "char"])
+def test_built_tokenizer_round_trips_and_matches_transformers(tmp_path, kind):
+    from sagc_jax.models.tokenizer import train_tokenizer
+
+    texts = [t for r in ROWS for t in (r["prompt"], r["answer"])]
+    tok = train_tokenizer(texts, tmp_path / "tok", kind=kind, vocab_size=300)
+    tok.check_special_tokens()
+    assert (tok.pad_id, tok.bos_id, tok.eos_id) == (0, 1, 2) and tok.vocab_size <= 300
+    text = ROWS[7]["prompt"] + " ~"
+    assert tok.decode(tok.encode(text)) == text
+    assert tok.encode(text, add_special_tokens=True) == [1, *tok.encode(text)]
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is 1 + 2?"}], tokenize=True)
+    assert tok.decode(ids, skip_special_tokens=False) == "<s>user: What is 1 + 2?\nassistant: "
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    assert hf(text)["input_ids"] == tok.encode(text, add_special_tokens=True)
+    assert (hf.pad_token_id, hf.eos_token_id) == (0, 2)
+
+
+def test_built_tokenizer_vocab_limits(tmp_path):
+    from sagc_jax.models.tokenizer import train_tokenizer
+
+    with pytest.raises(ValueError, match="vocab_size = 100 is too small for a byte-level BPE"):
+        train_tokenizer(["a"], tmp_path / "a", kind="bpe", vocab_size=100)
+    with pytest.raises(ValueError, match="distinct characters"):
+        train_tokenizer(["a"], tmp_path / "b", kind="char", vocab_size=50)
+
+
+@pytest.mark.parametrize(
+    "config, needle",
+    [
+        ({"bos_token": "<s>"}, 'tokenizer_config.json: no "eos_token"; add e.g. "eos_token"'),
+        ({"eos_token": "</eos>"}, "\"eos_token\": '</eos>' is not a token of"),
+        (None, 'tokenizer_config.json: no "eos_token"'),  # no tokenizer_config.json at all
+    ],
+)
+def test_tokenizer_without_eos_is_a_one_line_error_at_load(tmp_path, capsys, config, needle):
+    from helpers import TINY
+
+    from sagc_jax.cli import main
+
+    tok = tokenizers.Tokenizer(models.WordLevel({"<s>": 0, "1": 1, "<unk>": 2}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    (tmp_path / "tok").mkdir()
+    tok.save(str(tmp_path / "tok" / "tokenizer.json"))
+    if config is not None:
+        (tmp_path / "tok" / "tokenizer_config.json").write_text(json.dumps(config))
+    data = write_rows(tmp_path / "d.jsonl", [{"prompt": "1 1", "answer": "2"}])
+    sets = [*TINY, "data.task=dataset", f"data.path={data}", f"model.tokenizer={tmp_path / 'tok'}"]
+    args = ["train", *[a for s in sets for a in ("--set", s)]]
+    assert main([*args, "--set", f"logging.run_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'tok'}") and needle in err and err.count("\n") == 1
+
+
+def test_tokenizer_command_then_train_a_dataset_run(tmp_path, capsys):
+    """The README walkthrough: JSONL -> sagc-jax tokenizer -> sagc-jax train."""
+    from helpers import TINY
+
+    from sagc_jax.cli import main
+
+    data = write_rows(tmp_path / "train.jsonl")
+    tok_dir = tmp_path / "tokenizer"
+    assert main(["tokenizer", "--data", str(data), "--out", str(tok_dir)]) == 0
+    assert f"train with --set model.tokenizer={tok_dir}" in capsys.readouterr().out
+    assert main(["tokenizer", "--data", str(data), "--out", str(tok_dir)]) == 2  # no --force
+    assert "exists; choose another --out or add --force" in capsys.readouterr().err
+    sets = [
+        *TINY,
+        f"model.tokenizer={tok_dir}",
+        "data.task=dataset",
+        f"data.path={data}",
+        "data.chat_template=true",
+        "sampling.prompt_buckets=auto",
+        "train.steps=1",
+        "train.eval_size=2",
+        "controller.sagc.candidates=[2]",
+        "logging.tensorboard=false",
+        f"logging.run_dir={tmp_path / 'run'}",
+    ]
+    assert main(["train", *[a for s in sets for a in ("--set", s)]]) == 0
+    out = capsys.readouterr().out
+    assert "data: sampling.prompt_buckets auto -> [" in out and "train done" in out

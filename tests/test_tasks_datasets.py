@@ -134,3 +134,163 @@ def test_parquet_missing_and_corrupt_files(tmp_path):
     corrupt.write_bytes(b"not parquet at all")
     with pytest.raises(DatasetError, match=rf"^{re.escape(str(corrupt))}: cannot read the"):
         load_dataset(corrupt)
+
+
+# --------------------------------------------------------------------------- prompt lengths
+# Every prompt is tokenised as the sampler will see it when the source is built, before step 0.
+
+
+def dataset_source(tmp_path, path, *overrides, log=None, shard=(0, 1)):
+    """``make_source`` of a dataset run with the tiny word tokenizer (no model is built)."""
+    from helpers import TINY, write_word_tokenizer
+
+    from sagc_jax.config import load_config
+    from sagc_jax.models import Tokenizer
+    from sagc_jax.train.data import make_source
+
+    tok_dir = tmp_path / "tok"
+    if not tok_dir.exists():
+        write_word_tokenizer(tok_dir)
+    sets = [*TINY, "data.task=dataset", f"data.path={path}", f"model.tokenizer={tok_dir}"]
+    cfg = load_config(None, [*sets, *overrides])
+    notes = [] if log is None else log
+    return make_source(cfg, Tokenizer.from_dir(str(tok_dir)), *shard, log=notes.append)
+
+
+def sums(lengths):
+    """Rows whose prompts are ``n`` word tokens ("1 2 ..."), answers their index."""
+    return [{"prompt": " ".join(["1"] * n), "answer": str(i)} for i, n in enumerate(lengths)]
+
+
+def test_a_20000_token_prompt_stops_the_load_naming_its_line(tmp_path, capsys):
+    from helpers import TINY
+
+    from sagc_jax.cli import main
+
+    path = write_jsonl(tmp_path / "d.jsonl", [*sums([3] * 6), "", *sums([20_000, 4])])
+    with pytest.raises(DatasetError) as info:
+        dataset_source(tmp_path, path)
+    message = str(info.value)
+    assert message.startswith(f"{path}:8: the prompt has 20000 tokens, over the limit of 16 ")
+    assert "largest sampling.prompt_buckets entry" in message
+    assert "data.on_long_prompt=skip" in message and "\n" not in message
+    # the train command: one line, exit 2, before step 0 (no metrics written)
+    sets = [*TINY, "data.task=dataset", f"data.path={path}", f"model.tokenizer={tmp_path / 'tok'}"]
+    run = tmp_path / "run"
+    args = ["train", *[a for s in sets for a in ("--set", s)], "--set", f"logging.run_dir={run}"]
+    assert main(args) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+    assert not (run / "metrics.jsonl").exists()
+
+
+def test_the_limit_counts_the_chat_template_and_the_model_positions(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", sums([14, 3]))  # 14 words + "user: assistant:"
+    with pytest.raises(DatasetError, match=r"d\.jsonl:1: the prompt has 16 tokens with the chat"):
+        dataset_source(tmp_path, path, "data.chat_template=true", "sampling.prompt_buckets=[8]")
+    # the tiny preset has 2048 positions: bucket 2048 leaves no room for 12 new tokens
+    path = write_jsonl(tmp_path / "e.jsonl", sums([3, 40]))
+    with pytest.raises(DatasetError) as info:
+        dataset_source(tmp_path, path, "sampling.prompt_buckets=[32,2048]")
+    assert str(info.value).startswith(f"{path}:2: the prompt has 40 tokens, over the limit of 32")
+    assert "model.preset tiny has 2048 positions, sampling.max_new_tokens = 12" in str(info.value)
+
+
+def test_an_empty_prompt_is_an_error(tmp_path):
+    # the word tokenizer adds no bos: an empty prompt would be 0 tokens
+    path = write_jsonl(tmp_path / "d.jsonl", [*sums([3, 3]), {"prompt": "", "answer": "1"}])
+    with pytest.raises(DatasetError, match=rf"^{re.escape(str(path))}:3: the prompt is empty"):
+        dataset_source(tmp_path, path, "data.on_long_prompt=skip")
+
+
+def test_a_long_held_out_prompt_stops_the_load(tmp_path):
+    train = write_jsonl(tmp_path / "train.jsonl", sums([3, 4, 5]))
+    held = write_jsonl(tmp_path / "held.jsonl", sums([3, 17, 4]))  # bucket 16
+    with pytest.raises(DatasetError) as info:
+        dataset_source(tmp_path, train, f"data.eval_path={held}")
+    assert str(info.value).startswith(f"{held}:2: the prompt has 17 tokens, over the limit of 16")
+
+
+def test_skip_leaves_long_rows_out_and_says_how_many_once(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", sums([3, 30, 4, 5, 20_000, 6, 7]))
+    notes = []
+    source = dataset_source(tmp_path, path, "data.on_long_prompt=skip", log=notes)
+    assert [r.answer for r in source.rows] == ["0", "2", "3", "5", "6"]
+    assert [p.answer for p in source.heldout(10)] == ["0", "2", "3", "5", "6"]
+    assert notes == [
+        f"data: skipped 2 of 7 rows of {path}: prompts over 16 tokens (the largest "
+        "sampling.prompt_buckets entry; data.on_long_prompt: skip)"
+    ]
+    # two processes: the shards partition the rows kept, the held-out rows are the whole file's,
+    # and only process 0 says it (once, though it reads the file twice)
+    notes = []
+    shards = [
+        dataset_source(tmp_path, path, "data.on_long_prompt=skip", log=notes, shard=(i, 2))
+        for i in range(2)
+    ]
+    assert [[r.answer for r in s.rows] for s in shards] == [["0", "3", "6"], ["2", "5"]]
+    assert [p.answer for p in shards[1].heldout(10)] == ["0", "2", "3", "5", "6"]
+    assert len(notes) == 1
+    # the same prompts in the same order every time the source is built (a resumed run)
+    again = dataset_source(tmp_path, path, "data.on_long_prompt=skip")
+    assert again.batch(3, 0, 2) == source.batch(3, 0, 2)
+
+
+def test_auto_buckets_from_the_data_and_from_the_synthetic_task(tmp_path):
+    from helpers import TINY
+
+    from sagc_jax.config import load_config
+    from sagc_jax.train.data import auto_buckets, make_source, with_resolved_buckets
+
+    path = write_jsonl(tmp_path / "d.jsonl", sums([5, 61, 20]))
+    held = write_jsonl(tmp_path / "held.jsonl", sums([150, 9]))
+    notes = []
+    source = dataset_source(
+        tmp_path, path, f"data.eval_path={held}", "sampling.prompt_buckets=auto", log=notes
+    )
+    assert source.prompt_buckets == (24, 40, 80, 152)  # 150 -> 152, halving while >= 5
+    assert notes == [
+        "data: sampling.prompt_buckets auto -> [24, 40, 80, 152] (prompts of 5 to 150 tokens)"
+    ]
+    cfg = load_config(None, [*TINY, "sampling.prompt_buckets=auto"])
+    assert with_resolved_buckets(cfg, source).sampling.prompt_buckets == (24, 40, 80, 152)
+    # synthetic prompts: bos + 2..4 one-digit terms with a sign each = 5..9 tokens
+    assert make_source(cfg, log=notes.append).prompt_buckets == (8, 16)
+    assert auto_buckets(100, 100, 2036) == (104,) and auto_buckets(1, 3000, 2036) == (
+        256,
+        512,
+        1024,
+        2036,
+    )
+    # more than the model's positions allow after max_new_tokens: the same one-line error
+    long = write_jsonl(tmp_path / "long.jsonl", sums([3, 2040]))
+    with pytest.raises(DatasetError, match=r"long\.jsonl:2: the prompt has 2040 tokens, over the"):
+        dataset_source(tmp_path, long, "sampling.prompt_buckets=auto")
+
+
+def test_synthetic_prompts_must_fit_the_largest_bucket():
+    from helpers import TINY
+
+    from sagc_jax.config import ConfigError, load_config
+    from sagc_jax.train.data import make_source
+
+    cfg = load_config(None, [*TINY, "data.max_terms=8", "data.max_digits=2"])
+    with pytest.raises(ConfigError, match="synthetic prompts reach 25 tokens .* at most 16 fit"):
+        make_source(cfg)
+
+
+def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(tmp_path):
+    from tokenizers import Tokenizer, models
+
+    from sagc_jax.config import ConfigError
+
+    (tmp_path / "tok").mkdir()
+    words = ["<pad>", "</s>", "<unk>", *[f"w{i}" for i in range(600)]]
+    Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>")).save(
+        str(tmp_path / "tok" / "tokenizer.json")
+    )
+    (tmp_path / "tok" / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
+    path = write_jsonl(tmp_path / "d.jsonl", sums([3]))
+    with pytest.raises(
+        ConfigError, match=r"tok: 603 tokens, more than the 512 embeddings of model"
+    ):
+        dataset_source(tmp_path, path)

@@ -2,13 +2,17 @@
 
 import math
 import textwrap
+import threading
+import time
 
 import numpy as np
 import pytest
 
 from sagc_jax.tasks import (
     BUILTIN_REWARDS,
+    MathReward,
     RewardError,
+    Scores,
     math_reward,
     resolve_reward,
     score_batch,
@@ -47,6 +51,9 @@ def test_builtins_resolve_and_score():
         "math",
     }
     assert resolve_reward(" math ") is math_reward
+    configured = resolve_reward("math", timeout_s=1.5, batch_timeout_s=9.0, workers=3)
+    assert isinstance(configured, MathReward) and configured.batch_timeout_s == 9.0
+    assert resolve_reward("synthetic", timeout_s=1.5) is synthetic_reward
     assert synthetic_reward(["1+2="] * 2, ["1>3#3", "1>3#4"], ["3", "3"]) == [1.0, 0.0]
     assert math_reward(["q"] * 2, ["\\boxed{3/4}", "#### 2"], ["0.75", "3"]) == [1.0, 0.0]
 
@@ -130,3 +137,56 @@ def test_score_batch_argument_errors():
         score_batch(raises_on_bad, P[:3], C, A)
     with pytest.raises(ValueError, match="on_error = 'skip' is not allowed"):
         score_batch(raises_on_bad, P, C, A, on_error="skip")
+
+
+def test_score_batch_carries_the_rows_a_reward_timed_out():
+    def slow_on_bad(prompts, completions, answers):
+        return Scores(
+            [0.0 if c == "bad" else 1.0 for c in completions], [1] if "bad" in completions else []
+        )
+
+    result = score_batch(slow_on_bad, P, C, A)
+    assert result.rewards.tolist() == [1, 0, 1, 1] and result.timed_out == (1,)
+    assert result.failed == () and result.message == ""
+
+
+def never_returns(pred, ref):
+    """An injected symbolic check that hangs (what sympy does on some inputs)."""
+    time.sleep(10**6)
+
+
+PATHOLOGICAL = [
+    "\\boxed{" * 20_000,  # no answer: 0.0 at once (the extraction is linear), not a time-out
+    "so \\boxed{9^{{9}^{9}}}",  # a power tower: refused before sympy sees it, counted
+    "so \\boxed{2\\sqrt{2}}",  # symbolic: its check never returns, stopped at the deadline
+    "so \\boxed{3}",  # numeric: decided in the caller
+]
+
+
+def test_math_reward_scores_pathological_rows_zero_and_counts_them():
+    pytest.importorskip("math_verify")
+    reward = MathReward(timeout_s=0.2, batch_timeout_s=5.0, check=never_returns)
+    result = score_batch(reward, ["q"] * 4, PATHOLOGICAL, ["1", "1", "\\sqrt{8}", "3"])
+    assert result.rewards.tolist() == [0, 0, 0, 1]
+    assert result.timed_out == (1, 2) and result.failed == ()
+
+
+def test_math_reward_is_bounded_when_called_from_a_thread():
+    pytest.importorskip("math_verify")
+    reward = MathReward(timeout_s=0.2, batch_timeout_s=5.0, check=never_returns)
+    results = []
+    caller = threading.Thread(
+        target=lambda: results.append(reward(["q"] * 4, PATHOLOGICAL, ["1", "1", "\\sqrt{8}", "3"]))
+    )
+    caller.start()
+    caller.join()  # ends by construction: no signal is involved
+    [scores] = results
+    assert list(scores) == [0, 0, 0, 1] and scores.timed_out == (1, 2)
+
+
+def test_math_reward_batch_bound_stops_every_remaining_row():
+    pytest.importorskip("math_verify")
+    # each row alone could run 60 s; the batch gets 0.3 s in all
+    reward = MathReward(timeout_s=60.0, batch_timeout_s=0.3, workers=2, check=never_returns)
+    scores = reward(["q"] * 5, ["\\boxed{2\\sqrt{2}}"] * 5, ["\\sqrt{8}"] * 5)
+    assert list(scores) == [0.0] * 5 and scores.timed_out == (0, 1, 2, 3, 4)

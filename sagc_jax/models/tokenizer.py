@@ -2,7 +2,8 @@
 
 Reads a transformers tokenizer directory without importing transformers: tokenizer.json,
 tokenizer_config.json (special tokens, `chat_template`) and, if present, chat_template.jinja
-(where transformers v5 writes the template).
+(where transformers v5 writes the template). `train_tokenizer` writes such a directory from a
+dataset's own text (``sagc-jax tokenizer``), for runs without a Hugging Face checkpoint.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import jinja2
 import jinja2.ext
 import jinja2.sandbox
 import tokenizers
+
+from sagc_jax.config import ConfigError
 
 _SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
 
@@ -47,6 +50,7 @@ class Tokenizer:
     ):
         self.tokenizer = tokenizer
         self.chat_template = chat_template
+        self.path: str | None = None  # the directory it was read from (for error messages)
         self.special_tokens = {k: v for k, v in (special_tokens or {}).items() if v is not None}
         self._template = None
         if chat_template is not None:
@@ -76,7 +80,27 @@ class Tokenizer:
             with open(jinja_file) as f:
                 template = f.read()
         special = {k: _token_str(config.get(k)) for k in _SPECIAL_KEYS}
-        return cls(tok, template, special)
+        out = cls(tok, template, special)
+        out.path = str(path)
+        return out
+
+    def check_special_tokens(self) -> None:
+        """Raise ConfigError (one line: the file, the key, what to add) unless ``eos_token``
+        names a token of the vocabulary: the sampler stops at it, and pads with it when
+        ``pad_token`` is unset."""
+        where = f"{self.path}/tokenizer_config.json" if self.path else "the tokenizer"
+        vocab = f"{self.path}/tokenizer.json" if self.path else "its vocabulary"
+        eos = self.special_tokens.get("eos_token")
+        if eos is None:
+            raise ConfigError(
+                f'{where}: no "eos_token"; add e.g. "eos_token": "</s>", naming a token of '
+                f'{vocab} (rollouts stop at it; it also pads unless "pad_token" is set)'
+            )
+        if self.eos_id is None:
+            raise ConfigError(
+                f'{where}: "eos_token": {eos!r} is not a token of {vocab}; name one of its '
+                f'tokens or add it to its "added_tokens"'
+            )
 
     # --------------------------------------------------------------- ids of special tokens
     def token_id(self, token: str | None) -> int | None:
@@ -125,3 +149,92 @@ class Tokenizer:
         )
         # The template already contains the special tokens (e.g. bos): add none on top.
         return self.encode(text, add_special_tokens=False) if tokenize else text
+
+
+# --------------------------------------------------------------------------- building one
+
+#: Specials of a built tokenizer, ids 0..3 (the ``tiny`` preset's bos 1 and eos 2).
+BUILT_SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
+#: The chat template of a built tokenizer: ``<s>user: PROMPT\nassistant: ``.
+BUILT_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+TOKENIZER_KINDS = ("char", "bpe")
+_PRINTABLE = "".join(chr(c) for c in range(32, 127)) + "\n\t"
+
+
+def train_tokenizer(texts, out_dir, kind: str = "bpe", vocab_size: int = 512) -> Tokenizer:
+    """Build a tokenizer from ``texts`` (an iterable of str) and write tokenizer.json and
+    tokenizer_config.json (pad/bos/eos/unk, `BUILT_CHAT_TEMPLATE`) into ``out_dir``.
+
+    kind ``char``: one token per character (every printable ASCII character plus those of the
+    texts; others encode as ``<unk>``); ``vocab_size`` is only an upper bound. kind ``bpe``:
+    byte-level BPE trained on the texts up to ``vocab_size`` tokens (any text encodes; at least
+    256 bytes + 4 specials). Plain ``encode(text, add_special_tokens=True)`` prepends ``<s>``.
+    Raises ValueError for a bad kind or a vocabulary that does not fit ``vocab_size``.
+    """
+    from tokenizers import Regex, decoders, models, pre_tokenizers, processors, trainers
+
+    if kind not in TOKENIZER_KINDS:
+        raise ValueError(f"tokenizer kind {kind!r} is not allowed; choose one of {TOKENIZER_KINDS}")
+    specials = list(BUILT_SPECIALS)
+    template_text = "user: \nassistant: "  # what the chat template adds around a prompt
+    if kind == "char":
+        chars = set(_PRINTABLE + template_text)
+        for text in texts:
+            chars.update(text)
+        vocab = {t: i for i, t in enumerate(specials)}
+        for ch in sorted(chars):
+            vocab[ch] = len(vocab)
+        if len(vocab) > vocab_size:
+            raise ValueError(
+                f"the texts have {len(chars)} distinct characters, {len(vocab)} tokens with the "
+                f"specials; more than vocab_size = {vocab_size}"
+            )
+        tok = tokenizers.Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+        tok.decoder = decoders.Fuse()
+    else:
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+        if vocab_size < len(alphabet) + len(specials):
+            raise ValueError(
+                f"vocab_size = {vocab_size} is too small for a byte-level BPE; allowed: >= "
+                f"{len(alphabet) + len(specials)} (256 bytes + {len(specials)} specials), or kind "
+                f"'char'"
+            )
+        tok = tokenizers.Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=specials,
+            initial_alphabet=alphabet,
+            show_progress=False,
+        )
+        tok.train_from_iterator(_with_template_text(texts, template_text), trainer)
+    tok.add_special_tokens(specials)
+    bos = specials[1]
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
+    )
+    os.makedirs(out_dir, exist_ok=True)
+    tok.save(os.path.join(out_dir, "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",  # transformers can load the directory too
+        "pad_token": specials[0],
+        "bos_token": specials[1],
+        "eos_token": specials[2],
+        "unk_token": specials[3],
+        "chat_template": BUILT_CHAT_TEMPLATE,
+    }
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+        f.write("\n")
+    return Tokenizer.from_dir(out_dir)
+
+
+def _with_template_text(texts, template_text: str):
+    yield template_text
+    yield from texts

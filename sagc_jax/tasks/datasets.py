@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -113,13 +113,21 @@ def _parquet_rows(path: Path) -> Iterator[tuple[Any, str]]:
         yield row, f"{path}: row {i}"
 
 
-def load_dataset(path: str | Path, shard_index: int = 0, num_shards: int = 1) -> list[Example]:
+def load_dataset(
+    path: str | Path,
+    shard_index: int = 0,
+    num_shards: int = 1,
+    keep: Callable[[Example], bool] | None = None,
+) -> list[Example]:
     """Read and validate every row of ``path``; keep rows ``shard_index::num_shards``.
 
     Row numbering for sharding counts data rows only (blank JSONL lines excluded), so the
-    ``num_shards`` shards partition the file. Raises :class:`DatasetError` for a missing or
-    unreadable file, an unknown suffix, a bad row, an empty file or an empty shard, and
-    ValueError for shard arguments outside ``0 <= shard_index < num_shards``.
+    ``num_shards`` shards partition the file. ``keep`` (optional) sees every valid row in file
+    order, in every process, before sharding; a row it returns False for is left out and the
+    shards partition the rows kept (it may also raise DatasetError for a row). Raises
+    :class:`DatasetError` for a missing or unreadable file, an unknown suffix, a bad row, an
+    empty file, a file whose rows were all left out or an empty shard, and ValueError for shard
+    arguments outside ``0 <= shard_index < num_shards``.
     """
     if not (isinstance(num_shards, int) and num_shards >= 1):
         raise ValueError(f"load_dataset: num_shards = {num_shards!r} must be an integer >= 1")
@@ -139,17 +147,23 @@ def load_dataset(path: str | Path, shard_index: int = 0, num_shards: int = 1) ->
             f"{path}: unknown dataset format {suffix or '(no suffix)'!r}; "
             f"allowed suffixes: {', '.join(_JSONL + _PARQUET)}"
         )
-    examples, total = [], 0
-    for i, (row, where) in enumerate(rows):
+    examples, seen, total = [], 0, 0
+    for row, where in rows:
         example = _validate(row, where)
-        total += 1
-        if i % num_shards == shard_index:
+        seen += 1
+        if keep is not None and not keep(example):
+            continue
+        if total % num_shards == shard_index:
             examples.append(example)
-    if total == 0:
+        total += 1
+    if seen == 0:
         raise DatasetError(f"{path}: the dataset has no rows")
+    if total == 0:
+        raise DatasetError(f"{path}: all {seen} rows were skipped; no prompt is left to train on")
     if not examples:
+        kept = f"{total} rows" + (f" after skipping {seen - total}" if seen > total else "")
         raise DatasetError(
-            f"{path}: shard {shard_index} of {num_shards} is empty (the file has {total} rows); "
+            f"{path}: shard {shard_index} of {num_shards} is empty (the file has {kept}); "
             "use fewer shards than rows"
         )
     return examples

@@ -6,6 +6,7 @@
   3. the last ``answer is X`` / ``answer: X`` (case-insensitive; X runs to the end of its line,
      a final period dropped);
   4. the last number (integer, decimal, ``a/b`` fraction, thousands separators allowed).
+It takes time linear in the length of the text (one scan of the braces).
 
 :func:`math_equal` then compares, stopping at the first that decides:
   1. exact string equality after :func:`normalize_answer` (``$``, spacing, ``\\left``/``\\right``,
@@ -15,23 +16,41 @@
      exact as fractions, or, for a decimal written with ``n >= 4`` places, within half a unit of
      its last place (``0.3333`` matches ``1/3``; ``0.33`` does not);
   3. symbolic equality with math-verify (``\\frac{1}{2}`` vs ``0.5``, ``2\\sqrt{2}`` vs
-     ``\\sqrt{8}``), skipped when math-verify is not installed, for plain-text answers (a run of
-     three or more letters outside a LaTeX command), and for inputs that could make sympy hang
-     (longer than ``max_symbolic_chars``, power towers, huge exponents or factorials). In the
-     main thread each math-verify stage also runs under a ``timeout_seconds`` alarm; in other
-     threads (where signals are unavailable) only the size guards apply.
+     ``\\sqrt{8}``), skipped when math-verify is not installed and for plain-text answers (a run
+     of three or more letters outside a LaTeX command), and refused for inputs that could make
+     sympy hang (longer than ``max_symbolic_chars``, power towers such as ``9^{{9}^{9}}``, huge
+     exponents or factorials). Stages 1-2 run in the caller (:func:`compare_answers`); stage 3
+     runs in worker processes with a hard deadline (:func:`check_symbolic`), so it is bounded
+     from any thread.
 
 Nothing here raises on a string input: garbage compares as False.
 """
 
 from __future__ import annotations
 
+import enum
+import functools
+import importlib.util
 import logging
 import re
 import threading
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 
-__all__ = ["extract_answer", "math_equal", "normalize_answer", "parse_number", "score_math"]
+from sagc_jax.tasks.deadline_pool import TIMED_OUT, DeadlinePool
+
+__all__ = [
+    "Verdict",
+    "check_symbolic",
+    "compare_answers",
+    "extract_answer",
+    "final_answers",
+    "math_equal",
+    "normalize_answer",
+    "parse_number",
+    "score_math",
+    "symbolic_equal",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -39,21 +58,27 @@ _NUMBER = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|-?\.\d+"
 _ANSWER_IS = re.compile(r"answer\s*(?:is\s*:?|:)\s*([^\n]+)", re.IGNORECASE)
 _MATH_WORDS = "pi|sqrt|ln|log|exp|sin|cos|tan|sec|csc|cot|deg|mod|inf|infty"
 _HASHES = re.compile(r"####\s*([^\n]*)")
+_BOX_OR_BRACE = re.compile(r"\\(?:boxed|fbox)\s*\{|[{}]")
 
 
 def _last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}``/``\\fbox{...}`` whose braces close."""
-    starts = [m.end() for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text)]
-    for start in reversed(starts):
-        depth = 1
-        for i in range(start, len(text)):
-            if text[i] == "{":
-                depth += 1
-            elif text[i] == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[start:i]
-    return None
+    """Content of the last ``\\boxed{...}``/``\\fbox{...}`` whose braces close.
+
+    One scan with a stack of the open braces (a box's records where its content starts), so
+    linear in ``len(text)`` however many boxes are left open."""
+    open_braces: list[int] = []  # content start of a box's brace, -1 for a plain brace
+    last: tuple[int, int] | None = None  # (start, end) of the closed box that starts last
+    for m in _BOX_OR_BRACE.finditer(text):
+        token = m.group()
+        if token == "{":
+            open_braces.append(-1)
+        elif token != "}":
+            open_braces.append(m.end())
+        elif open_braces:
+            start = open_braces.pop()
+            if start >= 0 and (last is None or start > last[0]):
+                last = (start, m.start())
+    return None if last is None else text[last[0] : last[1]]
 
 
 def extract_answer(text: str) -> str | None:
@@ -73,11 +98,23 @@ def extract_answer(text: str) -> str | None:
 
 
 def _strip_wrappers(s: str) -> str:
-    s = s.strip()
+    lo, hi = 0, len(s)  # strip by moving indices: slicing in the loop is quadratic on "$$$$..."
+    while lo < hi and s[lo].isspace():
+        lo += 1
+    while hi > lo and s[hi - 1].isspace():
+        hi -= 1
     for left, right in (("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
-        while len(s) >= len(left) + len(right) and s.startswith(left) and s.endswith(right):
-            s = s[len(left) : len(s) - len(right)].strip()
-    return s
+        while (
+            hi - lo >= len(left) + len(right)
+            and s.startswith(left, lo, hi)
+            and s.endswith(right, lo, hi)
+        ):
+            lo, hi = lo + len(left), hi - len(right)
+            while lo < hi and s[lo].isspace():
+                lo += 1
+            while hi > lo and s[hi - 1].isspace():
+                hi -= 1
+    return s[lo:hi]
 
 
 def normalize_answer(s: str) -> str:
@@ -136,66 +173,182 @@ def _numbers_equal(a: tuple[Fraction, int], b: tuple[Fraction, int]) -> bool:
 
 
 _TEXT_WORD = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{3,}")
-_RISKY = re.compile(
-    r"\^\s*\{[^{}]*\^"  # power tower 9^{9^{9}}
-    r"|\^\s*\(?[\d.]+\)?\s*\^"  # 2^3^4
-    r"|\^\s*\{?\s*\d{3,}"  # huge exponent
-    r"|\d{3,}\s*!|\d{40,}"  # factorial of a big number, huge literal
-)
+_HUGE_FACTORIAL = re.compile(r"(?:\d{3,}|[)}\]!])\s*!|\d{40,}")  # 1000!, {9^9}!, (9!)!, 10^40
 
 
-def _symbolic_equal(pred: str, ref: str, timeout_seconds: int, max_chars: int) -> bool:
-    if len(pred) > max_chars or len(ref) > max_chars:
-        return False
-    if any(_TEXT_WORD.search(x) or _RISKY.search(x) for x in (pred, ref)):
-        return False
+def _huge_power(s: str) -> bool:
+    """Whether ``s`` has a power tower or a huge exponent: a ``^`` inside an exponent
+    (``9^{9^9}``, ``9^{{9}^{9}}``), a chain (``2^3^4``, ``9^{9}^{9}``), or an exponent holding a
+    number of three or more digits (``10^{1000}``, ``2^{-100}``). One pass, linear in ``len(s)``.
+    """
+    groups: list[bool] = []  # open brackets, innermost last: True for an exponent's group
+    depth = 0  # exponent groups open
+    pending = False  # a ``^`` waits for its exponent
+    bare = ""  # reading an unbracketed exponent: "digits" (2^123) or "command" (x^\pi)
+    digits = 0  # length of the run of digits ending here
+    exp_end = -2  # position of the last character of the last exponent
+    pos = -1  # position among the non-space characters
+    for ch in s:
+        if ch.isspace():
+            continue
+        pos += 1
+        digits = digits + 1 if ch.isdigit() else 0
+        if bare:
+            if (ch.isdigit() or ch == ".") if bare == "digits" else ch.isalpha():
+                if digits >= 3:
+                    return True
+                continue
+            bare, exp_end = "", pos - 1
+        if pending:
+            pending = ch in "+-"
+            if ch in "{([":
+                groups.append(True)
+                depth += 1
+            elif ch.isdigit():
+                bare = "digits"
+            elif ch == "\\":
+                bare = "command"
+            elif ch == "^":
+                return True
+            elif not pending:
+                exp_end = pos  # a one-character exponent (x^n)
+            continue
+        if ch == "^":
+            if depth or exp_end == pos - 1:
+                return True
+            pending = True
+        elif ch in "{([":
+            groups.append(False)
+        elif ch in "})]":
+            if groups and groups.pop():
+                depth -= 1
+                exp_end = pos
+        elif depth and digits >= 3:
+            return True
+    return False
+
+
+class Verdict(enum.Enum):
+    """What the in-process stages of :func:`math_equal` decide about a pair of answers."""
+
+    EQUAL = "equal"
+    DIFFERENT = "different"
+    SYMBOLIC = "symbolic"  # needs math-verify: :func:`check_symbolic`
+    REFUSED = "refused"  # math-verify could hang on it: scored as different and counted
+
+
+@functools.cache
+def _have_math_verify() -> bool:
+    return importlib.util.find_spec("math_verify") is not None
+
+
+def compare_answers(
+    pred: str, ref: str, *, max_symbolic_chars: int = 200
+) -> tuple[Verdict, tuple[str, str]]:
+    """Stages 1-2 of :func:`math_equal` and the guards of stage 3, in the caller: the verdict and
+    the normalized pair (what :func:`symbolic_equal` takes). Linear time in the answers' length.
+    """
+    if not isinstance(pred, str) or not isinstance(ref, str):
+        return Verdict.DIFFERENT, ("", "")
+    try:
+        a, b = normalize_answer(pred), normalize_answer(ref)
+        if not a or not b:
+            return Verdict.DIFFERENT, (a, b)
+        if a.replace(" ", "") == b.replace(" ", ""):
+            return Verdict.EQUAL, (a, b)
+        na, nb = parse_number(a), parse_number(b)
+        if na is not None and nb is not None:
+            return (Verdict.EQUAL if _numbers_equal(na, nb) else Verdict.DIFFERENT), (a, b)
+        if not _have_math_verify() or _TEXT_WORD.search(a) or _TEXT_WORD.search(b):
+            return Verdict.DIFFERENT, (a, b)
+        if len(a) > max_symbolic_chars or len(b) > max_symbolic_chars:
+            return Verdict.REFUSED, (a, b)
+        if any(_HUGE_FACTORIAL.search(x) or _huge_power(x) for x in (a, b)):
+            return Verdict.REFUSED, (a, b)
+        return Verdict.SYMBOLIC, (a, b)
+    except Exception:  # never let a malformed answer crash a training step
+        _log.debug("compare_answers failed", exc_info=True)
+        return Verdict.DIFFERENT, ("", "")
+
+
+def symbolic_equal(pred: str, ref: str) -> bool:
+    """Stage 3: math-verify on two normalized answers, with no time limit of its own: call it
+    through :func:`check_symbolic`, which runs it in a worker process with a deadline."""
     try:
         from math_verify import parse, verify
-    except ImportError:
-        return False
-    # signal.alarm only works in the main thread: elsewhere rely on the size guards above
-    timeout = timeout_seconds if threading.current_thread() is threading.main_thread() else None
-    try:
-        gold = parse(f"\\boxed{{{ref}}}", parsing_timeout=timeout)
-        target = parse(f"\\boxed{{{pred}}}", parsing_timeout=timeout)
-        if not gold or not target:
-            return False
-        return bool(verify(gold, target, timeout_seconds=timeout))
+
+        gold = parse(f"\\boxed{{{ref}}}", parsing_timeout=None)
+        target = parse(f"\\boxed{{{pred}}}", parsing_timeout=None)
+        return bool(gold and target and verify(gold, target, timeout_seconds=None))
     except Exception:  # math-verify should not raise, but a reward must never crash a step
         _log.debug("symbolic comparison failed", exc_info=True)
         return False
 
 
+def _warm_up() -> None:
+    """Runs once in each new checker process: imports sympy and builds the parser's caches."""
+    # here the pool's deadline is the time limit: silence math-verify's "timeout disabled" warning
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    if _have_math_verify():
+        symbolic_equal("x+1", "1+x")
+
+
+_pool: DeadlinePool | None = None
+_pool_lock = threading.Lock()
+
+
+def check_symbolic(
+    pairs: Sequence[tuple[str, str]],
+    *,
+    item_seconds: float = 2.0,
+    total_seconds: float = 30.0,
+    workers: int = 2,
+    check: Callable[[str, str], bool] = symbolic_equal,
+) -> list[bool | None]:
+    """``check(pred, ref)`` on each normalized pair in the process-wide pool of checker
+    processes (started on first use, ``workers`` of them at least): True/False, or None for a
+    pair stopped at its deadline (``item_seconds`` after it started, or ``total_seconds`` after
+    the first started). ``check`` must be a module-level function (it is pickled by name)."""
+    global _pool
+    if not pairs:
+        return []
+    with _pool_lock:
+        if _pool is None:
+            _pool = DeadlinePool(workers, warmup=_warm_up)
+        _pool.grow(workers)
+        pool = _pool
+    out = pool.map(check, pairs, item_seconds=item_seconds, total_seconds=total_seconds)
+    return [None if r is TIMED_OUT else r is True for r in out]
+
+
 def math_equal(
-    pred: str, ref: str, *, timeout_seconds: int = 2, max_symbolic_chars: int = 200
+    pred: str, ref: str, *, timeout_seconds: float = 2.0, max_symbolic_chars: int = 200
 ) -> bool:
-    """Whether answer ``pred`` equals reference ``ref`` (both already extracted answers)."""
-    if not isinstance(pred, str) or not isinstance(ref, str):
-        return False
-    try:
-        a, b = normalize_answer(pred), normalize_answer(ref)
-        if not a or not b:
-            return False
-        if a.replace(" ", "") == b.replace(" ", ""):
-            return True
-        na, nb = parse_number(a), parse_number(b)
-        if na is not None and nb is not None:
-            return _numbers_equal(na, nb)
-        return _symbolic_equal(a, b, timeout_seconds, max_symbolic_chars)
-    except Exception:  # never let a malformed answer crash a training step
-        _log.debug("math_equal failed", exc_info=True)
-        return False
+    """Whether answer ``pred`` equals reference ``ref`` (both already extracted answers); the
+    symbolic stage is stopped after ``timeout_seconds`` (False), from any thread."""
+    verdict, pair = compare_answers(pred, ref, max_symbolic_chars=max_symbolic_chars)
+    if verdict is not Verdict.SYMBOLIC:
+        return verdict is Verdict.EQUAL
+    [same] = check_symbolic([pair], item_seconds=timeout_seconds, total_seconds=timeout_seconds)
+    return same is True
+
+
+def final_answers(completion: str, reference: str) -> tuple[str, str] | None:
+    """``(extracted answer, reference)``, or None when the completion has no answer. A reference
+    that is itself a worked solution (it contains ``\\boxed`` or ``####``) is reduced to its final
+    answer."""
+    if not isinstance(completion, str) or not isinstance(reference, str):
+        return None
+    pred = extract_answer(completion)
+    if pred is None:
+        return None
+    if "\\boxed" in reference or "####" in reference:
+        reference = extract_answer(reference) or ""
+    return pred, reference
 
 
 def score_math(completion: str, reference: str, **kwargs) -> float:
-    """1.0 when the completion's extracted answer equals the reference, else 0.0.
-
-    A reference that is itself a worked solution (it contains ``\\boxed`` or ``####``) is reduced
-    to its final answer first. ``kwargs`` go to :func:`math_equal`.
-    """
-    if not isinstance(completion, str) or not isinstance(reference, str):
-        return 0.0
-    pred = extract_answer(completion)
-    if "\\boxed" in reference or "####" in reference:
-        reference = extract_answer(reference) or ""
-    return 1.0 if pred is not None and math_equal(pred, reference, **kwargs) else 0.0
+    """1.0 when the completion's extracted answer equals the reference (see
+    :func:`final_answers`), else 0.0. ``kwargs`` go to :func:`math_equal`."""
+    answers = final_answers(completion, reference)
+    return 1.0 if answers is not None and math_equal(*answers, **kwargs) else 0.0

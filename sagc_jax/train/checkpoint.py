@@ -1,21 +1,42 @@
-"""Orbax checkpoints of a training run: arrays through ``StandardSave``, the rest as JSON.
+"""Orbax checkpoints of a training run: arrays through ``StandardSave``, the rest as JSON, each
+step sealed with an integrity record and verified before it is restored.
 
 A checkpoint at step s holds named pytrees of arrays (``params``, ``opt_state``) and ``meta``
 (JSON: the controller's state dict, data position, RNG key data, step, resolved config). Orbax
 writes each step into a temporary directory and renames it when complete, so a crash mid-write
 never leaves a checkpoint that ``latest_step`` would pick up.
+
+Once a step is complete, process 0 *seals* it: ``integrity.json`` in the step directory lists the
+size and SHA-256 of every file. Restoring picks the newest step whose files still match their
+record; a step that does not (truncated, flipped bytes, a file deleted, no record because the
+run died before sealing it) or that cannot be read is reported in one line and moved aside into
+``<checkpoints>-rejected/`` (never deleted), and the next older one is tried. Parameters that
+are not finite are never written, and rotation deletes a step only once ``keep`` newer ones are
+sealed, so the last good checkpoint always survives.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from sagc_jax.parallel import from_leader, is_leader
+
 _ARRAY_TAG = "__ndarray__"
+INTEGRITY_FILE = "integrity.json"
+
+
+class CheckpointError(RuntimeError):
+    """No checkpoint of a run can be restored (message is one line)."""
 
 
 def to_json_tree(value: Any) -> Any:
@@ -42,32 +63,185 @@ def from_json_tree(value: Any) -> Any:
     return value
 
 
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+    leaves = [
+        jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x, jnp.inexact)
+    ]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+
+
+def all_finite(tree) -> bool:
+    """True when every floating-point array of ``tree`` is finite (one device reduction)."""
+    return bool(_all_finite(tree))
+
+
+def _file_record(step_dir: Path) -> dict[str, list]:
+    """relative path -> [size in bytes, sha256 hex] of every file under ``step_dir``."""
+    record = {}
+    for path in sorted(step_dir.rglob("*")):
+        if path.is_file() and path.name != INTEGRITY_FILE:
+            with path.open("rb") as f:
+                digest = hashlib.file_digest(f, "sha256").hexdigest()
+            record[str(path.relative_to(step_dir))] = [path.stat().st_size, digest]
+    return record
+
+
 class CheckpointStore:
-    """Saves and restores run state under ``directory`` (keeps the newest ``keep``)."""
+    """Saves, seals, verifies and restores run state under ``directory``.
+
+    Keeps the newest ``keep`` sealed steps. Every process of a run makes the same calls in the
+    same order (saving, waiting and rotating are collective); process 0 alone seals, verifies
+    and moves rejected steps aside, and broadcasts which step to restore.
+    """
 
     def __init__(self, directory: str | Path, keep: int = 3, async_save: bool = True):
         self.directory = Path(directory).absolute()
+        self.rejected_dir = self.directory.with_name(self.directory.name + "-rejected")
+        self.keep = keep
+        # Rotation is ours (after sealing), not Orbax's (which deletes before the new step lands).
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=True, enable_async_checkpointing=async_save
+            max_to_keep=None, create=True, enable_async_checkpointing=async_save
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options)
+        self._unsealed: list[int] = []
 
-    def latest_step(self) -> int | None:
-        return self.manager.latest_step()
+    # ------------------------------------------------------------------ writing
 
-    def save(self, step: int, items: dict[str, Any], meta: dict[str, Any]) -> None:
+    def save(self, step: int, items: dict[str, Any], meta: dict[str, Any]) -> bool:
         """Write step ``step``: each of ``items`` (name -> pytree of arrays) and ``meta`` (JSON).
 
-        Asynchronous: :meth:`wait` (or the next save) completes it.
+        Returns False, writing nothing, when an item holds a non-finite value. Asynchronous:
+        :meth:`seal_finished`, :meth:`wait` or the next save completes and seals it.
         """
+        if not all(all_finite(tree) for tree in items.values()):
+            return False
+        self.wait()  # the previous step lands, is sealed and rotation runs first
         args = {name: ocp.args.StandardSave(tree) for name, tree in items.items()}
         args["meta"] = ocp.args.JsonSave(to_json_tree(meta))
         self.manager.save(step, args=ocp.args.Composite(**args), force=True)
+        self._unsealed.append(step)
+        return True
+
+    def seal_finished(self) -> None:
+        """Seal the steps whose write has finished, without waiting for one in flight."""
+        if self._unsealed and not self.manager.is_saving_in_progress():
+            self._seal()
+
+    def wait(self) -> None:
+        """Finish every write in flight, seal it, and rotate old steps out."""
+        self.manager.wait_until_finished()
+        self._seal()
+        complete = self.manager.all_steps()
+        for step in sorted(complete)[: max(len(complete) - self.keep, 0)]:
+            self.manager.delete(step)  # collective: every process rotates the same steps
+
+    def _seal(self) -> None:
+        for step in self._unsealed:
+            step_dir = self.directory / str(step)
+            if is_leader() and step_dir.is_dir():
+                record = {"step": step, "files": _file_record(step_dir)}
+                tmp = step_dir / (INTEGRITY_FILE + ".tmp")
+                tmp.write_text(json.dumps(record, indent=1))
+                tmp.rename(step_dir / INTEGRITY_FILE)
+        self._unsealed = []
+
+    # ------------------------------------------------------------------ reading
+
+    def latest_step(self) -> int | None:
+        """The newest complete step on disk (sealed or not, not verified)."""
+        return self.manager.latest_step()
+
+    def verify(self, step: int) -> str | None:
+        """None if every file of ``step`` matches its integrity record, else what is wrong."""
+        step_dir = self.directory / str(step)
+        try:
+            expected = json.loads((step_dir / INTEGRITY_FILE).read_text())["files"]
+        except FileNotFoundError:
+            return "no integrity record (the run stopped before sealing it)"
+        except (OSError, ValueError, KeyError, TypeError):
+            return f"its {INTEGRITY_FILE} is unreadable"
+        actual = _file_record(step_dir)
+        for name, (size, digest) in expected.items():
+            if name not in actual:
+                return f"{name} is missing"
+            if actual[name][0] != size:
+                return f"{name} has {actual[name][0]} bytes, {size} were written"
+            if actual[name][1] != digest:
+                return f"{name} does not match its checksum"
+        return None
+
+    def set_aside(self, step: int, reason: str) -> Path:
+        """Move step ``step`` out of the run's checkpoints (kept, named by its reason)."""
+        self.rejected_dir.mkdir(parents=True, exist_ok=True)
+        target = self.rejected_dir / str(step)
+        n = 1
+        while target.exists():
+            n += 1
+            target = self.rejected_dir / f"{step}-{n}"
+        shutil.move(str(self.directory / str(step)), target)
+        (target / "REJECTED.txt").write_text(reason + "\n")
+        return target
+
+    def _reject(self, step: int, reason: str, report: Callable[[str], None]) -> None:
+        if is_leader():
+            target = self.set_aside(step, reason)
+            report(f"checkpoint step {step}: {reason}; moved aside to {target}, trying older ones")
+
+    def newest_verified_step(self, report: Callable[[str], None] = print) -> int | None:
+        """The newest step that passes :meth:`verify` (process 0 decides for all); failures
+        are reported and moved aside. Raises :class:`CheckpointError` when steps existed and
+        none passed (starting over would overwrite the run's logs)."""
+        best, rejected = -1, 0
+        if is_leader():
+            for step in sorted(self.manager.all_steps(), reverse=True):
+                problem = self.verify(step)
+                if problem is None:
+                    best = step
+                    break
+                self._reject(step, problem, report)
+                rejected += 1
+        best = int(from_leader(np.int64(best)))
+        self.manager.reload()
+        if best < 0 and int(from_leader(np.int64(rejected))):
+            raise CheckpointError(
+                f"{self.directory}: no checkpoint passes verification (all moved aside to "
+                f"{self.rejected_dir}); start a new run directory or restore one by hand"
+            )
+        return None if best < 0 else best
+
+    def restore_newest(
+        self,
+        targets: dict[str, Any],
+        check_meta: Callable[[dict], None] = lambda meta: None,
+        report: Callable[[str], None] = print,
+    ) -> tuple[int, dict[str, Any], dict] | None:
+        """(step, items, meta) of the newest verified step that can be read, or None if the
+        run has no checkpoint. ``check_meta`` sees the meta first and may raise (a config that
+        does not match the run); a step that cannot be read is moved aside like a corrupt one."""
+        while (step := self.newest_verified_step(report)) is not None:
+            try:
+                meta = self.read_meta(step)
+            except (OSError, ValueError) as err:
+                self._reject(step, f"its meta cannot be read ({_one_line(err)})", report)
+                continue
+            check_meta(meta)
+            try:
+                items, meta = self.restore(step, targets)
+            except Exception as err:  # noqa: BLE001 - any read failure means: try an older one
+                self._reject(step, f"cannot be read ({_one_line(err)})", report)
+                continue
+            if not all(all_finite(tree) for tree in items.values()):
+                self._reject(step, "holds non-finite values", report)
+                continue
+            return step, items, meta
+        return None
 
     def restore(self, step: int, targets: dict[str, Any]) -> tuple[dict[str, Any], dict]:
         """(items named in ``targets``, each shaped like its target; meta) of step ``step``.
 
-        Items of the checkpoint not named in ``targets`` are not read.
+        Items of the checkpoint not named in ``targets`` are not read. Not verified: use
+        :meth:`restore_newest` to resume.
         """
         args = {name: ocp.args.StandardRestore(t) for name, t in targets.items()}
         args["meta"] = ocp.args.JsonRestore()
@@ -80,8 +254,11 @@ class CheckpointStore:
         path = self.directory / str(step) / "meta" / "metadata"
         return from_json_tree(json.loads(path.read_text()))
 
-    def wait(self) -> None:
-        self.manager.wait_until_finished()
-
     def close(self) -> None:
+        self.wait()
         self.manager.close()
+
+
+def _one_line(err: BaseException, limit: int = 160) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

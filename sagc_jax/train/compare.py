@@ -4,11 +4,13 @@ one run after the other on the same machine, summarised in one table with spread
 from __future__ import annotations
 
 import csv
+import signal
 from pathlib import Path
 
 import numpy as np
 
 from sagc_jax.config import Config, from_dict, parse_controller_spec, to_dict
+from sagc_jax.train.faults import Interrupted, phase, resume_hint
 from sagc_jax.train.loop import Trainer
 from sagc_jax.train.report import plot_runs, read_metrics, summarize
 
@@ -18,7 +20,7 @@ COLUMNS = (
     ("straggler_rate", "straggler rate", "{:.3f}"),
     ("mean_G", "mean G", "{:.2f}"),
     ("mean_length", "mean length", "{:.1f}"),
-    ("eval_accuracy", "held-out accuracy", "{:.3f}"),
+    ("eval/accuracy", "held-out accuracy", "{:.3f}"),
     ("reward", "reward (last 10 steps)", "{:.3f}"),
 )
 
@@ -46,24 +48,41 @@ def compare(
     progress: bool = True,
     log=print,
 ) -> list[dict]:
-    """Run every (controller, seed); return one aggregated row per controller."""
+    """Run every (controller, seed); return one aggregated row per controller.
+
+    Runs already in ``out_dir`` resume (or, finished, are only read). A stop signal ends the
+    comparison (``Interrupted``): the run in progress saves a checkpoint when it is in its step
+    loop, and the same command later continues from there.
+    """
     per_run = {}
+    hint = resume_hint(cfg, out_dir)
     for spec in controllers:
         for seed in range(seeds):
             name = f"{spec.replace(':', '')}-seed{seed}"
-            log(f"compare: {spec}, seed {seed} -> {out_dir / name}")
-            trainer = Trainer(run_config(cfg, spec, seed, steps), out_dir / name)
-            try:
-                trainer.run(progress=progress)
-            finally:
-                trainer.close()
-            per_run[(spec, seed)] = read_metrics(out_dir / name)
+            run_dir = out_dir / name
+            what = f"the {spec} run (seed {seed})"
+            with phase(what, f"finished runs are kept in {out_dir}; {hint}"):
+                trainer = Trainer(run_config(cfg, spec, seed, steps), run_dir)
+                try:
+                    done = "already done, " if trainer.finished else ""
+                    resumed = f"resuming from step {trainer.step}, " if trainer.step else ""
+                    log(f"compare: {spec}, seed {seed}: {done or resumed}{run_dir}")
+                    summary = {} if trainer.finished else trainer.run(progress=progress)
+                finally:
+                    trainer.close()
+                if summary.get("interrupted"):
+                    raise Interrupted(
+                        getattr(signal, summary["interrupted"]),
+                        f"{what}, after step {summary['steps']}",
+                        f"its checkpoint is saved in {run_dir}; {hint}",
+                    )
+            per_run[(spec, seed)] = read_metrics(run_dir)
     rows = []
     for spec in controllers:
         summaries = [summarize(*per_run[(spec, s)]) for s in range(seeds)]
         row = {"controller": spec, "seeds": seeds}
         for key, _, _ in COLUMNS:
-            values = np.array([s[key] for s in summaries], float)
+            values = np.array([s.get(key, np.nan) for s in summaries], float)
             row[key] = float(values.mean())
             row[f"{key}_std"] = float(values.std(ddof=1)) if seeds > 1 else 0.0
         rows.append(row)

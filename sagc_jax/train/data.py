@@ -1,17 +1,26 @@
 """Prompt sources for the trainer: which prompts a step uses, how they become tokens, and their
 reward. Problems are a pure function of (step, round, index), so a resumed run sees exactly the
 prompts an uninterrupted one would have seen: the data position is the step counter.
+
+Every prompt is measured before step 0, as the sampler will see it (`PromptSource.encode`): a
+dataset row that is empty or too long for the largest prompt bucket (or for the model's
+positions with ``sampling.max_new_tokens`` after it) stops the run at load time naming its file
+and line, or is skipped (``data.on_long_prompt: skip``). ``sampling.prompt_buckets: auto`` is
+resolved here, from those lengths, into `PromptSource.prompt_buckets`: what the sampler, the
+evaluation and the plan use.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
-from sagc_jax.config import Config
-from sagc_jax.tasks import CharTokenizer, SyntheticTask, load_dataset, resolve_reward
+from sagc_jax.config import Config, ConfigError
+from sagc_jax.tasks import CharTokenizer, DatasetError, SyntheticTask, load_dataset, resolve_reward
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +38,7 @@ class PromptSource:
 
     tokenizer: object
     reward_fn: Callable
+    prompt_buckets: tuple[int, ...]  # sampling.prompt_buckets, with 'auto' resolved
     rounds_per_step: int = 1
     shard_index: int = 0
     num_shards: int = 1
@@ -59,7 +69,9 @@ class PromptSource:
 class SyntheticSource(PromptSource):
     """The built-in running-sum task with its character tokenizer."""
 
-    def __init__(self, cfg: Config, rounds_per_step: int = 1, shard_index=0, num_shards=1):
+    def __init__(
+        self, cfg: Config, rounds_per_step: int = 1, shard_index=0, num_shards=1, log=print
+    ):
         d = cfg.data
         self.task = SyntheticTask(
             min_terms=d.min_terms,
@@ -70,9 +82,28 @@ class SyntheticSource(PromptSource):
             seed=d.seed,
         )
         self.tokenizer = CharTokenizer()
-        self.reward_fn = resolve_reward("synthetic" if d.reward == "auto" else d.reward)
+        self.reward_fn = resolve_reward(
+            "synthetic" if d.reward == "auto" else d.reward,
+            timeout_s=d.math_timeout_s,
+            batch_timeout_s=d.math_batch_timeout_s,
+            workers=d.math_workers,
+        )
         self.rounds_per_step = rounds_per_step
         self.shard_index, self.num_shards = shard_index, num_shards
+        # Prompts are bounded by construction: bos, then every term's digits and a sign after it.
+        longest = 1 + self.task.max_prompt_chars()
+        shortest = 1 + d.min_terms * (d.min_digits + 1)
+        limit, why = prompt_limit(cfg)
+        if longest > limit:
+            raise ConfigError(
+                f"synthetic prompts reach {longest} tokens (bos, data.max_terms = {d.max_terms} "
+                f"terms of up to data.max_digits = {d.max_digits} digits, a sign after each); at "
+                f"most {limit} fit ({why}); raise sampling.prompt_buckets (or set it to auto) or "
+                f"lower data.max_terms / data.max_digits"
+            )
+        self.prompt_buckets = resolve_buckets(cfg, shortest, longest, limit)
+        if cfg.sampling.prompt_buckets == "auto" and shard_index == 0:
+            log(_auto_note(self.prompt_buckets, shortest, longest))
 
     def _train_prompt(self, position: int) -> Prompt:
         p = self.task.problem(position, "train")
@@ -93,7 +124,9 @@ class DatasetSource(PromptSource):
 
     In multi-process runs each process loads only its shard of the rows (``shard_index`` of
     ``num_shards``) and walks through it on its own: its prompts are a function of (step, round,
-    index) within the shard.
+    index) within the shard. Every process tokenises every row (it reads and validates every row
+    anyway), so all processes fail on the same row, skip the same rows, shard the rows kept the
+    same way and derive the same ``auto`` buckets, with no collective.
     """
 
     def __init__(
@@ -103,20 +136,44 @@ class DatasetSource(PromptSource):
         rounds_per_step: int = 1,
         shard_index: int = 0,
         num_shards: int = 1,
+        log=print,
     ):
         d = cfg.data
-        self.rows = load_dataset(d.path, shard_index=shard_index, num_shards=num_shards)
+        self.tokenizer = tokenizer
+        self.chat_template = d.chat_template
+        _check_tokenizer(cfg, tokenizer)
+        limit, why = prompt_limit(cfg)
+        train = _LengthCheck(self.encode, limit, why, d.on_long_prompt, d.chat_template)
+        self.rows = load_dataset(d.path, shard_index, num_shards, keep=train)
         # Held-out prompts must be the same list on every process: without an eval file, the
         # head of the whole training file (not of this process's shard).
+        held = train
         if d.eval_path or num_shards > 1:
-            self.eval_rows = load_dataset(d.eval_path or d.path)
+            held = _LengthCheck(self.encode, limit, why, d.on_long_prompt, d.chat_template)
+            self.eval_rows = load_dataset(d.eval_path or d.path, keep=held)
         else:
             self.eval_rows = self.rows
-        self.tokenizer = tokenizer
-        self.reward_fn = resolve_reward("math" if d.reward == "auto" else d.reward)
+        shortest, longest = min(train.shortest, held.shortest), max(train.longest, held.longest)
+        self.prompt_buckets = resolve_buckets(cfg, shortest, longest, limit)
+        notes = [
+            f"data: skipped {check.skipped} of {check.seen} rows of {path}: prompts over "
+            f"{limit} tokens ({why}; data.on_long_prompt: skip)"
+            for path, check in ((d.path, train), (d.eval_path or d.path, held))
+            if check.skipped
+        ]
+        if cfg.sampling.prompt_buckets == "auto":
+            notes.append(_auto_note(self.prompt_buckets, shortest, longest))
+        if shard_index == 0:  # every process knows the same: one says it
+            for note in dict.fromkeys(notes):  # the held-out rows may be the training file's
+                log(note)
+        self.reward_fn = resolve_reward(
+            "math" if d.reward == "auto" else d.reward,
+            timeout_s=d.math_timeout_s,
+            batch_timeout_s=d.math_batch_timeout_s,
+            workers=d.math_workers,
+        )
         self.rounds_per_step = rounds_per_step
         self.shard_index, self.num_shards = shard_index, num_shards
-        self.chat_template = d.chat_template
         self.seed = d.seed
         self._orders: dict[int, np.ndarray] = {}
 
@@ -144,8 +201,147 @@ class DatasetSource(PromptSource):
         return self.tokenizer.encode(prompt.text, add_special_tokens=True)
 
 
-def make_source(cfg: Config, tokenizer=None, shard_index: int = 0, num_shards: int = 1):
+def make_source(
+    cfg: Config, tokenizer=None, shard_index: int = 0, num_shards: int = 1, log=print
+) -> PromptSource:
+    """The run's prompt source, its prompts checked and ``prompt_buckets`` resolved; ``log``
+    gets the notes of process 0 (rows skipped, ``auto`` buckets)."""
     rounds = cfg.loss.max_sampling_rounds if cfg.loss.dynamic_sampling else 1
     if cfg.data.task == "synthetic":
-        return SyntheticSource(cfg, rounds, shard_index, num_shards)
-    return DatasetSource(cfg, tokenizer, rounds, shard_index, num_shards)
+        return SyntheticSource(cfg, rounds, shard_index, num_shards, log)
+    return DatasetSource(cfg, tokenizer, rounds, shard_index, num_shards, log)
+
+
+def with_resolved_buckets(cfg: Config, source: PromptSource) -> Config:
+    """``cfg`` with ``sampling.prompt_buckets`` replaced by the source's concrete buckets."""
+    sampling = dataclasses.replace(cfg.sampling, prompt_buckets=source.prompt_buckets)
+    return dataclasses.replace(cfg, sampling=sampling)
+
+
+# --------------------------------------------------------------------------- prompt lengths
+
+
+def model_limits(cfg: Config) -> tuple[int, int, str]:
+    """(positions, vocabulary size, name) of the configured model, without building it."""
+    m = cfg.model
+    if m.hf_checkpoint:
+        path = Path(m.hf_checkpoint) / "config.json"
+        try:
+            hf = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            reason = getattr(err, "strerror", None) or str(err).splitlines()[0]
+            raise ConfigError(f"{path}: cannot read the model config ({reason})") from None
+        name = f"model.hf_checkpoint {m.hf_checkpoint}"
+        # the defaults of models.config.DecoderConfig.from_hf_config (0: no vocabulary check)
+        return int(hf.get("max_position_embeddings", 2048)), int(hf.get("vocab_size", 0)), name
+    from sagc_jax.models import get_preset
+
+    try:
+        arch = get_preset(m.preset)
+    except ValueError as err:
+        raise ConfigError(f"model.preset = {m.preset!r}: {err}") from None
+    return arch.max_position_embeddings, arch.vocab_size, f"model.preset {m.preset}"
+
+
+def prompt_limit(cfg: Config) -> tuple[int, str]:
+    """The most tokens a prompt may have, and where that limit comes from (for messages).
+
+    A prompt is padded to its bucket and followed by ``sampling.max_new_tokens``, and the two
+    must fit the model's positions: the limit is the largest bucket that does (``auto``: the
+    positions left after ``max_new_tokens``). Raises ConfigError when no bucket fits.
+    """
+    s = cfg.sampling
+    positions, _, name = model_limits(cfg)
+    room = positions - s.max_new_tokens
+    context = f"{name} has {positions} positions, sampling.max_new_tokens = {s.max_new_tokens}"
+    if room < 1:
+        raise ConfigError(f"no room for a prompt: {context}; lower sampling.max_new_tokens")
+    if s.prompt_buckets == "auto":
+        return room, context
+    fitting = [b for b in s.prompt_buckets if b <= room]
+    if not fitting:
+        raise ConfigError(
+            f"sampling.prompt_buckets = {list(s.prompt_buckets)}: even the smallest leaves no "
+            f"room ({context}); use smaller buckets or fewer new tokens"
+        )
+    if fitting[-1] == s.prompt_buckets[-1]:
+        return fitting[-1], "the largest sampling.prompt_buckets entry"
+    return fitting[-1], f"the largest sampling.prompt_buckets entry that fits: {context}"
+
+
+def auto_buckets(shortest: int, longest: int, limit: int, rungs: int = 4) -> tuple[int, ...]:
+    """Up to ``rungs`` buckets: the longest prompt rounded up to a multiple of 8 (at most
+    ``limit``), then halving (rounded up to 8) while a rung still holds the shortest prompt."""
+    top = min(-(-longest // 8) * 8, limit)
+    out = [top]
+    while len(out) < rungs:
+        half = -(-out[-1] // 16) * 8  # half, rounded up to a multiple of 8
+        if half >= out[-1] or half < shortest:
+            break
+        out.append(half)
+    return tuple(sorted(out))
+
+
+def resolve_buckets(cfg: Config, shortest: int, longest: int, limit: int) -> tuple[int, ...]:
+    """``sampling.prompt_buckets`` as a tuple: as configured, or derived from the lengths."""
+    if cfg.sampling.prompt_buckets == "auto":
+        return auto_buckets(shortest, longest, limit)
+    return tuple(cfg.sampling.prompt_buckets)
+
+
+def _auto_note(buckets: tuple[int, ...], shortest: int, longest: int) -> str:
+    return (
+        f"data: sampling.prompt_buckets auto -> {list(buckets)} "
+        f"(prompts of {shortest} to {longest} tokens)"
+    )
+
+
+def _check_tokenizer(cfg: Config, tokenizer) -> None:
+    """A tokenizer the sampler can use: an end token, and ids the model's embedding has."""
+    check = getattr(tokenizer, "check_special_tokens", None)
+    if check is not None:
+        check()
+    elif tokenizer.eos_id is None:
+        raise ConfigError("the tokenizer has no eos token (model.tokenizer)")
+    _, vocab, name = model_limits(cfg)
+    if 0 < vocab < tokenizer.vocab_size:
+        where = getattr(tokenizer, "path", None) or "the tokenizer"
+        raise ConfigError(
+            f"{where}: {tokenizer.vocab_size} tokens, more than the {vocab} embeddings of {name}; "
+            f"use a smaller tokenizer (sagc-jax tokenizer --vocab-size {vocab}) or a larger model"
+        )
+
+
+class _LengthCheck:
+    """The ``keep`` filter of `load_dataset`: tokenises each row's prompt as the sampler will and
+    stops at (or, ``on_long == 'skip'``, leaves out) a prompt too long; keeps only counts."""
+
+    def __init__(self, encode, limit: int, why: str, on_long: str, chat_template: bool):
+        self.encode, self.limit, self.why, self.on_long = encode, limit, why, on_long
+        self.form = " with the chat template" if chat_template else ""
+        self.seen = self.skipped = 0
+        self.shortest, self.longest = limit, 0
+
+    def __call__(self, row) -> bool:
+        self.seen += 1
+        try:
+            n = len(self.encode(Prompt(row.prompt, row.answer)))
+        except Exception as err:  # a template or tokenizer error: still one line, with the row
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise DatasetError(f"{row.where}: cannot tokenise the prompt ({reason})") from None
+        if n == 0:
+            raise DatasetError(
+                f"{row.where}: the prompt is empty (0 tokens{self.form}); every prompt needs a "
+                f"token: fill in the row or drop it"
+            )
+        if n > self.limit:
+            if self.on_long == "skip":
+                self.skipped += 1
+                return False
+            raise DatasetError(
+                f"{row.where}: the prompt has {n} tokens{self.form}, over the limit of "
+                f"{self.limit} ({self.why}); shorten or drop the row, raise "
+                f"sampling.prompt_buckets (or set it to auto), or set data.on_long_prompt=skip"
+            )
+        self.shortest, self.longest = min(self.shortest, n), max(self.longest, n)
+        return True

@@ -50,7 +50,7 @@ def evaluate_policy(sampler, params, source, cfg: Config, num: int | None = None
         temperature=0.0,
         top_p=1.0,
         top_k=0,
-        buckets=cfg.sampling.prompt_buckets,
+        buckets=source.prompt_buckets,  # sampling.prompt_buckets, 'auto' resolved
         reward_on_error="zero",
     )
     rewards = gather_rows(r.rewards)[:count]

@@ -9,7 +9,6 @@ is checkpointed, so a resumed run continues exactly as an uninterrupted one woul
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -32,12 +31,14 @@ from sagc_jax.sampling.padding import bucket_length
 from sagc_jax.train.checkpoint import CheckpointStore
 from sagc_jax.train.data import make_source
 from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
-from sagc_jax.train.faults import StopRequest, crash_point
+from sagc_jax.train.faults import StopRequest, crash_point, phase, resume_hint
 from sagc_jax.train.metrics import MetricsWriter
 from sagc_jax.train.optim import make_optimizer
 from sagc_jax.train.policy import build_sharded_policy, build_tokenizer, load_run_params
 from sagc_jax.train.programs import PolicyPrograms, StateShardings, UpdateSettings, batch_spec
+from sagc_jax.train.report import read_metrics, summarize
 from sagc_jax.train.rollout import Rollouts, generate
+from sagc_jax.train.runlock import RunDirBusy, RunLock
 
 # Keys of the config that may change when a run is resumed (the rest must match).
 RESUMABLE_CHANGES = (
@@ -195,29 +196,68 @@ class Trainer:
         t = cfg.train
         self.root_key = jax.random.key(t.seed)
         self.step = 0
-        self.store = CheckpointStore(
-            self.run_dir / "checkpoints", keep=t.keep_checkpoints, async_save=t.async_checkpoint
-        )
-        self.last_eval: dict[str, float] = {}
-        self.interrupted = ""  # name of the signal that stopped the run, if one did
-        self._resume()
         self.leader = is_leader()  # only process 0 writes logs and prints
-        self.writer = MetricsWriter(
-            self.run_dir,
-            enabled=log and self.leader,
-            tensorboard=cfg.logging.tensorboard,
-            resume_step=self.step,
-        )
+        self.lock = RunLock(self.run_dir, "train", report=self._say)
+        self._lock_run_dir()
+        try:
+            self.store = CheckpointStore(
+                self.run_dir / "checkpoints", keep=t.keep_checkpoints, async_save=t.async_checkpoint
+            )
+            self.last_eval: dict[str, float] = {}
+            self.interrupted = ""  # name of the signal that stopped the run, if one did
+            self.last_saved_step: int | None = None
+            self._resume()
+            # a finished run is left exactly as it is: no log is opened, nothing is rewritten
+            self.writer = MetricsWriter(
+                self.run_dir,
+                enabled=log and self.leader and not self.finished,
+                tensorboard=cfg.logging.tensorboard,
+                resume_step=self.step,
+                report=self._say,
+            )
+        except BaseException:
+            self.lock.release()  # a refused resume leaves the directory as it was
+            raise
+
+    @property
+    def finished(self) -> bool:
+        return self.step >= self.cfg.train.steps
+
+    def _say(self, line: str) -> None:
+        if self.leader:
+            print(f"train: {line}", flush=True)
+
+    def _lock_run_dir(self) -> None:
+        """Process 0 locks the run directory for all; every process stops if it cannot."""
+        error = None
+        if self.leader:
+            try:
+                self.lock.acquire()
+            except RunDirBusy as err:
+                error = err
+        if any_process(error is not None):
+            raise error or RunDirBusy(f"{self.run_dir}: process 0 could not lock the run directory")
 
     # ------------------------------------------------------------------ checkpoints
 
     def _resume(self) -> None:
-        step = self.store.latest_step()
-        # process 0's view of the directory decides (shared storage may lag on other hosts)
-        step = int(from_leader(np.int64(-1 if step is None else step)))
-        if step < 0:
+        """Continue from the newest checkpoint that verifies (older ones are tried when the
+        newest is damaged; see ``CheckpointStore``)."""
+        restored = self.store.restore_newest(
+            {"params": self.params, "opt_state": self.opt_state},
+            check_meta=self._check_resumable,
+            report=self._say,
+        )
+        if restored is None:
             return
-        meta = self.store.read_meta(step)
+        self.last_saved_step, items, meta = restored
+        self.params, self.opt_state = items["params"], items["opt_state"]
+        self.controller.load_state_dict(meta["controller"])
+        self.step = int(meta["step"])
+        self.last_eval = meta.get("last_eval", {})
+
+    def _check_resumable(self, meta: dict) -> None:
+        """Raise ConfigError when the run in ``meta`` cannot continue under this config."""
         changed = [
             k
             for k in config_differences(meta["config"], to_dict(self.cfg))
@@ -236,11 +276,6 @@ class Trainer:
                 f"{', '.join(changed[:8])}{'...' if len(changed) > 8 else ''}; use a new "
                 f"logging.run_dir or the run's own config"
             )
-        items, meta = self.store.restore(step, {"params": self.params, "opt_state": self.opt_state})
-        self.params, self.opt_state = items["params"], items["opt_state"]
-        self.controller.load_state_dict(meta["controller"])
-        self.step = int(meta["step"])
-        self.last_eval = meta.get("last_eval", {})
 
     def save(self) -> None:
         meta = {
@@ -253,7 +288,14 @@ class Trainer:
             "has_opt_state": True,
             "processes": jax.process_count(),
         }
-        self.store.save(self.step, {"params": self.params, "opt_state": self.opt_state}, meta)
+        items = {"params": self.params, "opt_state": self.opt_state}
+        if not self.store.save(self.step, items, meta):
+            self._say(
+                f"step {self.step}: parameters or optimizer state not finite, checkpoint not "
+                f"written (the last one is step {self.last_saved_step})"
+            )
+            return
+        self.last_saved_step = self.step
         crash_point("checkpoint", self.step)  # the write is in flight (asynchronous)
 
     # ------------------------------------------------------------------ compilation
@@ -266,7 +308,7 @@ class Trainer:
         cfg = self.cfg
         first = self.source.batch(self.step, 0, jax.process_count())  # one prompt per process
         width = int(gather_rows(np.array([len(self.source.encode(first[0]))])).max())
-        bucket = bucket_length(width, cfg.sampling.prompt_buckets)
+        bucket = bucket_length(width, self.source.prompt_buckets)  # 'auto' resolved
         new = cfg.sampling.max_new_tokens
         key = jax.random.key(0)
         for g in self.controller.candidates:
@@ -294,7 +336,7 @@ class Trainer:
             temperature=s.temperature,
             top_p=s.top_p,
             top_k=s.top_k,
-            buckets=s.prompt_buckets,
+            buckets=self.source.prompt_buckets,  # sampling.prompt_buckets, 'auto' resolved
             reward_on_error=cfg.data.reward_on_error,
         )
         if self.source.rounds_per_step > 1:  # every round of the step gets one width
@@ -421,6 +463,9 @@ class Trainer:
             "rounds": used_rounds,
             "zero_variance_frac": float(np.mean(gather_rows(np.asarray(stats["zero_variance_p"])))),
             "reward_failed_rows": int(failed_rows),
+            "reward_timeouts": int(
+                gather_rows(np.array([sum(len(r.timed_out_rows) for r in rounds)])).sum()
+            ),
             "controller/lambda": ctrl.get("lambda", 0.0),
             "controller/s_t": ctrl["s_t"],
             "controller/straggler_rate": ctrl["straggler_rate"],
@@ -476,11 +521,24 @@ class Trainer:
         total_steps = cfg.train.steps
         every_eval = cfg.train.eval_every
         every_ckpt = cfg.train.checkpoint_every
-        history = {"s_t": [], "group_size": [], "step_s": [], "rollout_s": []}
         start_step = self.step
+        # A stop signal before the step loop ends the run at once (see faults.phase).
+        kept = ""
+        if self.step:
+            kept = (
+                f"the checkpoint of step {self.step} in {self.run_dir} is kept; "
+                f"{resume_hint(cfg, self.run_dir)}"
+            )
+        crash_point("startup", self.step)
         if self.step == 0:
-            self.last_eval = self.evaluate()
+            with phase("the step-0 evaluation"):
+                crash_point("eval", 0)
+                self.last_eval = self.evaluate()
             self.writer.write(0, self.last_eval)
+        if cfg.train.compile_ahead:
+            with phase("compilation", kept):
+                crash_point("compile", self.step)
+                self.compile_ahead(log=print if self.leader else lambda _: None)
         bar = None
         if progress and self.leader:
             from tqdm import tqdm
@@ -488,17 +546,11 @@ class Trainer:
             bar = tqdm(
                 total=total_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True
             )
-        if cfg.train.compile_ahead:
-            self.compile_ahead(log=print if self.leader else lambda _: None)
-        t_start = last_save = time.perf_counter()
+        last_save = time.perf_counter()
         bad_updates = 0
         with StopRequest() as stop:
             while self.step < total_steps:
                 record = self.train_step()
-                history["s_t"].append(record["controller/s_t"])
-                history["group_size"].append(record["group_size"])
-                history["step_s"].append(record["time/step_s"])
-                history["rollout_s"].append(record["time/rollout_s"])
                 bad_updates = bad_updates + 1 if record["update/skipped"] > 0 else 0
                 if every_eval and self.step % every_eval == 0 and self.step < total_steps:
                     self.last_eval = self.evaluate()
@@ -515,12 +567,14 @@ class Trainer:
                     )
                     bar.update(1)
                 if bad_updates >= cfg.train.max_nonfinite_steps:
+                    last = self.last_saved_step
                     raise TrainingDiverged(
                         f"step {self.step}: the loss or gradient was not finite in "
-                        f"{bad_updates} steps in a row (train.max_nonfinite_steps); the last "
-                        f"checkpoint holds the last finite parameters; lower "
-                        f"train.learning_rate or check the rewards"
+                        f"{bad_updates} steps in a row (train.max_nonfinite_steps); "
+                        + (f"checkpoint step {last} is the last saved" if last else "no checkpoint")
+                        + "; lower train.learning_rate or check the rewards"
                     )
+                self.store.seal_finished()
                 stopping = stop.should_stop(self.step)
                 minutes = cfg.train.checkpoint_minutes
                 due = (
@@ -539,20 +593,20 @@ class Trainer:
         if bar is not None:
             bar.close()
         self.store.wait()
-        wall = time.perf_counter() - t_start
-        steps_run = self.step - start_step
         return {
-            "steps": self.step,
-            "steps_run": steps_run,
-            "wall_clock_s": wall,
-            "straggler_rate": float(np.mean(history["s_t"])) if steps_run else math.nan,
-            "mean_group_size": float(np.mean(history["group_size"])) if steps_run else math.nan,
-            "rollout_share": (sum(history["rollout_s"]) / max(sum(history["step_s"]), 1e-9)),
+            **self.summary(),
+            "steps_run": self.step - start_step,
             "interrupted": self.interrupted,
-            **self.last_eval,
         }
 
+    def summary(self) -> dict[str, Any]:
+        """The whole run so far, every segment of it, from ``metrics.jsonl`` (process 0)."""
+        steps, evals = read_metrics(self.run_dir) if self.leader else ([], [])
+        return summarize(steps, evals)
+
     def close(self) -> None:
-        self.store.wait()
-        self.store.close()
-        self.writer.close()
+        try:
+            self.store.close()
+            self.writer.close()
+        finally:
+            self.lock.release()

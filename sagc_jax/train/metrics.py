@@ -20,6 +20,20 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _lines_up_to(path: Path, step: int, report) -> list[str]:
+    """The lines of ``path`` that log steps up to ``step`` (none when ``step`` is 0)."""
+    keep = []
+    for number, line in enumerate(path.read_text().splitlines(keepends=True), 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            report(f"{path}:{number}: dropped a torn line ({len(line)} bytes, a cut write)")
+            continue
+        if 0 < step and record.get("step", 0) <= step:
+            keep.append(line if line.endswith("\n") else line + "\n")
+    return keep
+
+
 class MetricsWriter:
     """Appends ``metrics.jsonl`` and writes TensorBoard event files into ``run_dir``.
 
@@ -33,9 +47,11 @@ class MetricsWriter:
         enabled: bool = True,
         tensorboard: bool = True,
         resume_step: int = 0,
+        report=print,
     ):
         """``resume_step``: the step the run continues from; logged steps after it (written
-        before a crash, and about to be redone) are dropped from both logs."""
+        before a crash, and about to be redone) are dropped from both logs, and so is a line
+        torn by a crash or a full disk (said through ``report``)."""
         self.enabled = enabled
         self._jsonl = None
         self._tb = None
@@ -45,12 +61,7 @@ class MetricsWriter:
         run_dir.mkdir(parents=True, exist_ok=True)
         path = run_dir / "metrics.jsonl"
         if path.exists():
-            keep = [
-                line
-                for line in path.read_text().splitlines(keepends=True)
-                if resume_step > 0 and json.loads(line).get("step", 0) <= resume_step
-            ]
-            path.write_text("".join(keep))
+            path.write_text("".join(_lines_up_to(path, resume_step, report)))
         self._jsonl = path.open("a")
         if tensorboard:
             from tensorboardX import SummaryWriter

@@ -27,7 +27,8 @@ def read_metrics(run_dir: str | Path) -> tuple[list[dict], list[dict]]:
 
 
 def summarize(steps: list[dict], evals: list[dict]) -> dict:
-    """One row: wall-clock, rollout share, straggler rate, mean G, lengths, final eval."""
+    """One row over every step logged (all segments of a resumed run): wall-clock, rollout
+    share, straggler rate, mean G, lengths, and the last evaluation's ``eval/*`` values."""
     if not steps:
         return {"steps": 0}
     step_s = np.array([r["time/step_s"] for r in steps])
@@ -41,8 +42,7 @@ def summarize(steps: list[dict], evals: list[dict]) -> dict:
         "mean_G": float(np.mean([r["group_size"] for r in steps])),
         "mean_length": float(np.mean([r["length/mean"] for r in steps])),
         "reward": float(np.mean([r["reward"] for r in steps[-10:]])),
-        "eval_accuracy": float(last.get("eval/accuracy", np.nan)),
-        "eval_reward": float(last.get("eval/reward", np.nan)),
+        **{k: float(v) for k, v in last.items() if k.startswith("eval/") and v is not None},
     }
 
 

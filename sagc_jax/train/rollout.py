@@ -33,6 +33,7 @@ class Rollouts:
     texts: list[str]  # [N]
     rewards: np.ndarray  # float32 [N], before shaping
     failed_rows: tuple[int, ...] = ()
+    timed_out_rows: tuple[int, ...] = ()  # scored 0.0 at the reward's time limit
     decode_steps: int = 0
 
     @property
@@ -58,6 +59,7 @@ class Rollouts:
             texts=[self.texts[r] for r in rows],
             rewards=self.rewards[rows],
             failed_rows=(),
+            timed_out_rows=(),
         )
 
     @staticmethod
@@ -78,6 +80,7 @@ class Rollouts:
             texts=[t for p in parts for t in p.texts],
             rewards=cat("rewards"),
             failed_rows=(),
+            timed_out_rows=(),
             decode_steps=sum(p.decode_steps for p in parts),
         )
 
@@ -143,5 +146,6 @@ def generate(
         texts=texts,
         rewards=scored.rewards,
         failed_rows=scored.failed,
+        timed_out_rows=scored.timed_out,
         decode_steps=int(out.num_decode_steps),
     )
