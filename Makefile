@@ -13,11 +13,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# The main job: the CPU demo. The SFT warm start is reused when runs/demo/sft already has it;
-# every GRPO run gets a fresh directory (point logging.run_dir at an old one to resume it).
+# The main job: the CPU demo. The SFT warm start is reused when runs/demo/sft already has it
+# with the same config (an interrupted one resumes; a changed config is refused: retrain it with
+# `make train SFT_FLAGS=--force`); every GRPO run gets a fresh directory (point logging.run_dir
+# at an old one to resume it).
 DEMO := configs/demo.yaml
+SFT_FLAGS ?=
 train: $(STAMP)
-	$(VENV)/bin/sagc-jax sft --config $(DEMO) --set logging.run_dir=runs/demo/sft
+	$(VENV)/bin/sagc-jax sft --config $(DEMO) --set logging.run_dir=runs/demo/sft $(SFT_FLAGS)
 	$(VENV)/bin/sagc-jax train --config $(DEMO) --set train.init_checkpoint=runs/demo/sft \
 		--set logging.run_dir=runs/demo/grpo-sagc-$$(date +%Y%m%d-%H%M%S)
 

@@ -146,7 +146,9 @@ def cmd_sft(args: argparse.Namespace) -> int:
     model = build_model(cfg, source.tokenizer, seed=cfg.sft.seed)
     graphdef, params = nnx.split(model)
     result = run_sft(cfg, (graphdef, params, source), out_dir, progress=cfg.logging.progress)
-    sampler = policy_sampler(graphdef, model.config, source.tokenizer, keep_cache=False)
+    sampler = policy_sampler(
+        graphdef, model.config, source.tokenizer
+    )
     kept = f"the finished warm start is saved in {out_dir}; {resume_hint(cfg, out_dir)}"
     with phase("the final evaluation", kept):
         result.update(evaluate_policy(sampler, result.pop("params"), source, cfg))
@@ -283,7 +285,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     model = build_model(cfg, source.tokenizer, seed=0)
     graphdef, params = nnx.split(model)
     params = load_run_params(run, params, unfinished_ok=True)
-    sampler = policy_sampler(graphdef, model.config, source.tokenizer, keep_cache=False)
+    sampler = policy_sampler(
+        graphdef, model.config, source.tokenizer
+    )
     with phase("the evaluation"):
         result = evaluate_policy(sampler, params, source, cfg, args.num)
     print(f"eval {run}: " + ", ".join(f"{k}={v:.4g}" for k, v in result.items()))
@@ -383,12 +387,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "sft",
         help="supervised warm start on task traces",
-        description="Next-token training on reference traces of the synthetic task; writes an "
-        "Orbax checkpoint into the run directory for train.init_checkpoint. An existing "
-        "finished run directory is reused unless --force.",
+        description="Next-token training on reference traces of the synthetic task; writes "
+        "Orbax checkpoints into the run directory (every sft.checkpoint_every steps, at a stop "
+        "signal, at the end) for train.init_checkpoint. A finished run directory is reused and "
+        "an unfinished one resumed when its config matches on the keys that shape the warm "
+        "start (model, sft, data, sampling.max_new_tokens); otherwise it is refused.",
     )
     _add_common(p)
-    p.add_argument("--force", action="store_true", help="train again even if already done")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="train again from scratch (the old checkpoints move to checkpoints.replaced/)",
+    )
     p.set_defaults(func=cmd_sft)
 
     p = sub.add_parser(
@@ -432,7 +442,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("eval", help="held-out accuracy and mean completion length of a run")
+    p = sub.add_parser(
+        "eval",
+        help="held-out accuracy and mean completion length of a run",
+        description="Evaluates with the config saved in the run's checkpoint (plus any --set); "
+        "--config FILE replaces it, and the keys that differ from the saved one are listed.",
+    )
     _add_common(p)
     p.add_argument("--checkpoint", type=Path, required=True, help="run directory to evaluate")
     p.add_argument("--num", type=int, default=None, help="held-out prompts (train.eval_size)")

@@ -157,7 +157,8 @@ def test_sft_then_train_from_the_warm_start(tmp_path, capsys):
         == 0
     )
     assert "sft done" in capsys.readouterr().out
-    assert main(["sft", *common, "--set", f"logging.run_dir={sft_dir}"]) == 0
+    sft_sets = ["--set", "sft.steps=3", "--set", "sft.batch_size=4"]
+    assert main(["sft", *common, *sft_sets, "--set", f"logging.run_dir={sft_dir}"]) == 0
     assert "reusing" in capsys.readouterr().out
     assert main(["eval", *common, "--checkpoint", str(sft_dir)]) == 0
     assert "eval/accuracy=" in capsys.readouterr().out

@@ -62,7 +62,8 @@ def compare(
             run_dir = out_dir / name
             what = f"the {spec} run (seed {seed})"
             with phase(what, f"finished runs are kept in {out_dir}; {hint}"):
-                trainer = Trainer(run_config(cfg, spec, seed, steps), run_dir)
+                with phase("start-up"):
+                    trainer = Trainer(run_config(cfg, spec, seed, steps), run_dir)
                 try:
                     done = "already done, " if trainer.finished else ""
                     resumed = f"resuming from step {trainer.step}, " if trainer.step else ""

@@ -2,10 +2,18 @@
 completion tokens of (prompt, reference completion) pairs, for the CPU demo and for users
 without an instruct model. Writes the parameters as an Orbax checkpoint that
 ``train.init_checkpoint`` points at.
+
+Checkpoints (params, optimizer state, step) are written every ``sft.checkpoint_every`` steps
+and when a stop signal arrives; the batch of a step is a pure function of the step, so a rerun
+resumes to exactly the uninterrupted result. The last checkpoint holds only the params and is
+marked ``finished`` in its meta. A run directory whose saved config differs on a key that shapes
+the warm start (``SFT_KEYS``) is neither reused nor resumed.
 """
 
 from __future__ import annotations
 
+import math
+import shutil
 import time
 from pathlib import Path
 
@@ -15,10 +23,17 @@ import numpy as np
 import optax
 from flax import nnx
 
-from sagc_jax.config import Config, ConfigError, to_dict
+from sagc_jax.config import Config, ConfigError, from_dict, to_dict
 from sagc_jax.tasks import encode_sft_batch
 from sagc_jax.train.checkpoint import CheckpointStore
+from sagc_jax.train.faults import Interrupted, StopRequest, crash_point, phase, resume_hint
+from sagc_jax.train.loop import config_differences
 from sagc_jax.train.optim import make_optimizer
+
+# Keys of the config that shape the warm start: a run directory whose saved config differs on
+# one of them is not reused or resumed (sft.checkpoint_every may change).
+SFT_KEYS = ("model.", "sft.", "data.", "sampling.max_new_tokens", "train.optimizer_dtype")
+RESUMABLE_CHANGES = ("sft.checkpoint_every",)
 
 
 def sft_loss(model, tokens_bt, loss_mask_bt):
@@ -57,9 +72,71 @@ def sft_batch(cfg: Config, source, step: int, width: int):
     return tokens_bt, mask_bt
 
 
+def sft_config_changes(saved: dict, cfg: Config) -> list[str]:
+    """Keys of ``SFT_KEYS`` whose values differ between a saved ``to_dict`` config and ``cfg``."""
+    try:
+        saved = to_dict(from_dict(saved))  # keys added since the run was saved get defaults
+    except ConfigError:
+        pass
+    return [
+        k
+        for k in config_differences(saved, to_dict(cfg))
+        if k.startswith(SFT_KEYS) and not k.startswith(RESUMABLE_CHANGES)
+    ]
+
+
+def check_saved_config(meta: dict, step: int, cfg: Config, run_dir: Path) -> None:
+    """Raise ConfigError if the config of an SFT checkpoint (its ``meta``) differs from ``cfg``
+    on a key of ``SFT_KEYS``: neither reused nor resumed, the message says what to do."""
+    changed = sft_config_changes(meta["config"], cfg)
+    if changed:
+        held = (
+            "a finished warm start"
+            if meta.get("finished", True)
+            else f"an sft run stopped at step {step}"
+        )
+        raise ConfigError(
+            f"{run_dir}: holds {held} whose config differs in "
+            f"{', '.join(changed[:8])}{'...' if len(changed) > 8 else ''}; use --force to train "
+            f"again from scratch (the old checkpoints are moved aside) or another logging.run_dir"
+        )
+
+
+def sft_progress(cfg: Config, run_dir: Path) -> tuple[int | None, bool]:
+    """(newest verified step, finished) of the SFT checkpoints in ``run_dir`` ((None, False):
+    none). Raises ConfigError when their config differs from ``cfg`` on a key of ``SFT_KEYS``.
+    """
+    if not (run_dir / "checkpoints").is_dir():
+        return None, False
+    store = CheckpointStore(run_dir / "checkpoints")
+    try:
+        step = store.newest_verified_step()
+        meta = store.read_meta(step) if step is not None else {}
+    finally:
+        store.close()
+    if step is None:
+        return None, False
+    check_saved_config(meta, step, cfg, run_dir)
+    return step, meta.get("finished", True)  # before periodic saves only the end was saved
+
+
+def set_aside(run_dir: Path) -> str:
+    """Move the checkpoints of an earlier SFT in ``run_dir`` to ``checkpoints.replaced`` (one
+    earlier copy is kept) and drop its summary; returns what was done ("" if nothing)."""
+    ckpt = run_dir / "checkpoints"
+    (run_dir / "summary.json").unlink(missing_ok=True)
+    if not ckpt.exists():
+        return ""
+    aside = run_dir / "checkpoints.replaced"
+    shutil.rmtree(aside, ignore_errors=True)
+    ckpt.rename(aside)
+    return f"moved the earlier checkpoints to {aside}"
+
+
 def run_sft(cfg: Config, trainer_parts, run_dir: Path, progress: bool = True) -> dict:
     """Train ``trainer_parts`` = (graphdef, params, source) on ``cfg.sft.steps`` batches of
-    traces; save the params under ``run_dir/checkpoints``. Returns a summary."""
+    traces, resuming from the latest checkpoint under ``run_dir/checkpoints``; save the params
+    there. Returns a summary. A stop signal saves a checkpoint and raises ``Interrupted``."""
     graphdef, params, source = trainer_parts
     if not hasattr(source, "sft_pairs"):
         raise ConfigError("sagc-jax sft needs task traces: use data.task = 'synthetic'")
@@ -87,34 +164,77 @@ def run_sft(cfg: Config, trainer_parts, run_dir: Path, progress: bool = True) ->
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
+    store = CheckpointStore(run_dir / "checkpoints", keep=2)
+    try:
+        return _train(cfg, store, step_fn, params, opt_state, source, width, progress)
+    finally:
+        store.close()
+
+
+def _train(cfg: Config, store, step_fn, params, opt_state, source, width, progress) -> dict:
+    """The step loop of `run_sft` from the latest checkpoint of ``store``."""
+    s = cfg.sft
+    run_dir = store.directory.parent
+    start, loss = 0, math.nan
+    crash_point("startup", 0)
+    kept = ""
+    if store.latest_step() is not None:
+        kept = f"the checkpoints in {run_dir} are kept; {resume_hint(cfg, run_dir)}"
+    with phase("start-up", kept):
+        restored = store.restore_newest(
+            {"params": params, "opt_state": opt_state},
+            check_meta=lambda meta: check_saved_config(meta, meta["step"], cfg, run_dir),
+        )
+    if restored is not None:
+        start, items, meta = restored
+        params, opt_state, loss = items["params"], items["opt_state"], meta["loss"]
+
+    def save(step: int) -> None:
+        meta = {
+            "step": step,
+            "config": to_dict(cfg),
+            "finished": step == s.steps,  # what train.init_checkpoint may start from
+            "loss": loss,
+        }
+        store.save(step, {"params": params, "opt_state": opt_state}, meta)
+
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=s.steps, desc="sft", unit="step", dynamic_ncols=True)
+        bar = tqdm(total=s.steps, initial=start, desc="sft", unit="step", dynamic_ncols=True)
     t0 = time.perf_counter()
-    loss = float("nan")
-    for step in range(s.steps):
-        tokens_bt, mask_bt = sft_batch(cfg, source, step, width)
-        params, opt_state, loss_ = step_fn(params, opt_state, tokens_bt, mask_bt)
-        if bar is not None and (step % 10 == 0 or step == s.steps - 1):
-            loss = float(loss_)
-            bar.set_postfix(loss=f"{loss:.3f}")
+    done = start
+    try:
+        with StopRequest() as stop:
+            for step in range(start, s.steps):
+                crash_point("sft", step)
+                tokens_bt, mask_bt = sft_batch(cfg, source, step, width)
+                params, opt_state, loss_ = step_fn(params, opt_state, tokens_bt, mask_bt)
+                done = step + 1
+                if bar is not None and (step % 10 == 0 or done == s.steps):
+                    bar.set_postfix(loss=f"{float(loss_):.3f}")
+                if bar is not None:
+                    bar.update(1)
+                stopping = stop.should_stop(done)
+                every = s.checkpoint_every
+                if done == s.steps or stopping or (every and done % every == 0):
+                    loss = float(loss_)
+                    save(done)
+                if stopping:
+                    store.wait()
+                    raise Interrupted(
+                        stop.signum,
+                        f"training, after step {done} of {s.steps}",
+                        f"checkpoint of step {done} saved in {run_dir}; "
+                        f"{resume_hint(cfg, run_dir)}",
+                    )
+    finally:
         if bar is not None:
-            bar.update(1)
-    loss = float(loss_)
-    if bar is not None:
-        bar.close()
-    store = CheckpointStore(run_dir / "checkpoints", keep=1)
-    store.save(
-        s.steps,
-        {"params": params},
-        {"step": s.steps, "config": to_dict(cfg), "has_opt_state": False, "final_loss": loss},
-    )
-    store.wait()
-    store.close()
+            bar.close()
     return {
         "steps": s.steps,
+        "steps_run": done - start,
         "final_loss": loss,
         "wall_clock_s": time.perf_counter() - t0,
         "params": params,
