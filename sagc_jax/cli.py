@@ -121,6 +121,15 @@ def _print_summary(title: str, summary: dict, out_dir: Path) -> None:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
+    from sagc_jax.train.runlock import RunLock
+
+    cfg = load_config(args.config, args.overrides)
+    out_dir = _run_dir(cfg, args.config, "sft")
+    with RunLock(out_dir, "sft", report=lambda line: print(f"sft: {line}")):
+        return _sft_locked(args, cfg, out_dir)
+
+
+def _sft_locked(args: argparse.Namespace, cfg: Config, out_dir: Path) -> int:
     from flax import nnx
 
     from sagc_jax.train.data import make_source
@@ -129,8 +138,6 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from sagc_jax.train.policy import build_model
     from sagc_jax.train.sft import run_sft, set_aside, sft_progress
 
-    cfg = load_config(args.config, args.overrides)
-    out_dir = _run_dir(cfg, args.config, "sft")
     if args.force:
         moved = set_aside(out_dir)
         if moved:
@@ -163,6 +170,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     initialize(args.coordinator, args.num_processes, args.process_id)  # before any device use
+    from sagc_jax.train.faults import resume_hint
     from sagc_jax.train.loop import Trainer, TrainingDiverged
 
     if jax.process_count() > 1 and not cfg.logging.run_dir:
@@ -198,7 +206,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if leader:
             print(
                 f"train: stopped by {summary['interrupted']} after step {summary['steps']}; "
-                f"checkpoint saved in {out_dir}; run the same command to resume",
+                f"checkpoint saved in {out_dir}; {resume_hint(cfg, out_dir)}",
                 file=sys.stderr,
             )
         return 128 + signum
@@ -532,7 +540,7 @@ def _bad_input_errors() -> tuple[type[Exception], ...]:
     from sagc_jax.tasks import DatasetError, RewardError
 
     errors: tuple[type[Exception], ...] = (ConfigError, UserError, DatasetError, RewardError)
-    if "sagc_jax.train.checkpoint" in sys.modules:  # only loaded by commands that write runs
+    if "sagc_jax.train.checkpoint" in sys.modules:  # only loaded by commands that read runs
         from sagc_jax.train.checkpoint import CheckpointError
         from sagc_jax.train.runlock import RunDirBusy
 

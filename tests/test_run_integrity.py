@@ -14,7 +14,7 @@ from helpers import TINY as TRAIN_TINY
 
 from sagc_jax.cli import main
 from sagc_jax.config import load_config
-from sagc_jax.train.checkpoint import INTEGRITY_FILE, CheckpointStore
+from sagc_jax.train.checkpoint import INTEGRITY_FILE, CheckpointError, CheckpointStore
 from sagc_jax.train.loop import Trainer
 from sagc_jax.train.runlock import LOCK_FILE, RunLock
 
@@ -174,3 +174,29 @@ def test_torn_log_line_resume_summary_of_the_whole_run_and_finished_rerun(tmp_pa
     assert main(["train", *sets([*common, "train.steps=4"])]) == 0
     assert "is finished (step 4" in capsys.readouterr().out
     assert tree_digest(run) == digest  # nothing rewritten
+
+
+def test_a_verified_checkpoint_of_another_model_is_an_error_not_damage(tmp_path):
+    store = CheckpointStore(tmp_path / "ckpt", async_save=False)
+    store.save(1, {"params": {"w": np.ones(3, np.float32)}}, {"step": 1})
+    store.wait()
+    with pytest.raises(CheckpointError, match="cannot be restored into this model"):
+        store.restore_newest({"params": {"w": np.ones(3, np.float32), "b": np.ones(2, np.float32)}})
+    assert store.manager.all_steps() == [1]  # intact, so not moved aside
+    store.close()
+
+
+def test_checkpoints_of_an_older_version_without_records_restore_unverified(tmp_path):
+    store = CheckpointStore(tmp_path / "ckpt", async_save=False)
+    for step in (1, 2):
+        store.save(step, {"params": {"w": np.full(3, step, np.float32)}}, {"step": step})
+    store.wait()
+    for step in (1, 2):
+        (tmp_path / "ckpt" / str(step) / INTEGRITY_FILE).unlink()
+    said = []
+    step, items, _ = store.restore_newest(
+        {"params": {"w": np.ones(3, np.float32)}}, report=said.append
+    )
+    assert step == 2 and np.all(items["params"]["w"] == 2)
+    assert "restoring it unverified" in said[0]
+    store.close()

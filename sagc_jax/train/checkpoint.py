@@ -194,9 +194,17 @@ class CheckpointStore:
         none passed (starting over would overwrite the run's logs)."""
         best, rejected = -1, 0
         if is_leader():
-            for step in sorted(self.manager.all_steps(), reverse=True):
+            steps = sorted(self.manager.all_steps(), reverse=True)
+            # a run written before checkpoints were sealed: nothing to verify against
+            legacy = not any((self.directory / str(s) / INTEGRITY_FILE).exists() for s in steps)
+            for step in steps:
                 problem = self.verify(step)
-                if problem is None:
+                if problem is None or legacy:
+                    if problem is not None:
+                        report(
+                            f"checkpoint step {step}: {problem} (an older sagc-jax wrote it); "
+                            f"restoring it unverified"
+                        )
                     best = step
                     break
                 self._reject(step, problem, report)
@@ -218,7 +226,8 @@ class CheckpointStore:
     ) -> tuple[int, dict[str, Any], dict] | None:
         """(step, items, meta) of the newest verified step that can be read, or None if the
         run has no checkpoint. ``check_meta`` sees the meta first and may raise (a config that
-        does not match the run); a step that cannot be read is moved aside like a corrupt one."""
+        does not match the run). A verified step that does not fit ``targets`` raises
+        :class:`CheckpointError` (it is intact: the model asked for differs)."""
         while (step := self.newest_verified_step(report)) is not None:
             try:
                 meta = self.read_meta(step)
@@ -228,9 +237,12 @@ class CheckpointStore:
             check_meta(meta)
             try:
                 items, meta = self.restore(step, targets)
-            except Exception as err:  # noqa: BLE001 - any read failure means: try an older one
-                self._reject(step, f"cannot be read ({_one_line(err)})", report)
-                continue
+            except Exception as err:  # noqa: BLE001
+                # Its files are the ones written, so the model asked for is not the one saved.
+                raise CheckpointError(
+                    f"{self.directory / str(step)}: cannot be restored into this model "
+                    f"({_one_line(err)}); is the config the one it was saved with?"
+                ) from None
             if not all(all_finite(tree) for tree in items.values()):
                 self._reject(step, "holds non-finite values", report)
                 continue
