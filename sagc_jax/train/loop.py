@@ -32,6 +32,7 @@ from sagc_jax.train.checkpoint import CheckpointStore
 from sagc_jax.train.data import make_source
 from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
 from sagc_jax.train.faults import StopRequest, crash_point, phase, resume_hint
+from sagc_jax.train.hooks import Hooks, itstime
 from sagc_jax.train.metrics import MetricsWriter
 from sagc_jax.train.optim import make_optimizer
 from sagc_jax.train.policy import build_sharded_policy, build_tokenizer, load_run_params
@@ -393,62 +394,98 @@ class Trainer:
         )
 
     def train_step(self) -> dict[str, Any]:
-        cfg = self.cfg
-        t0 = time.perf_counter()
+        """One GRPO/DAPO step, as its stages: choose G -> sample (and score) -> shape rewards
+        -> advantages -> update batch -> update -> observe -> record."""
+        clock = {"start": time.perf_counter()}
         g = self._agreed_group_size()
-        key = jax.random.fold_in(self.root_key, self.step)
-        rollout_key, update_key = jax.random.split(key)
+        rollout_key, update_key = jax.random.split(jax.random.fold_in(self.root_key, self.step))
         crash_point("rollout", self.step)
         batch, rounds, used_rounds = self._rollout(g, rollout_key)
-        t_rollout = time.perf_counter() - t0
-
+        clock["sampled"] = time.perf_counter()
         rewards = self._shaped(batch)
-        num_groups = len(batch.prompts)
-        group_ids = np.repeat(np.arange(num_groups), g)
+        adv, zero_variance_p = self._advantages(rewards, g)
+        update_batch = self._update_batch(batch, adv)
+        clock["packed"] = time.perf_counter()
+        crash_point("update", self.step)
+        upd = self._update(update_batch, update_key)
+        clock["updated"] = time.perf_counter()
+        ctrl, lengths = self._observe(rounds, g)
+        self.step += 1
+        clock["end"] = time.perf_counter()
+        return self._record(
+            g,
+            batch,
+            rounds,
+            used_rounds,
+            rewards=rewards,
+            zero_variance_p=zero_variance_p,
+            upd=upd,
+            ctrl=ctrl,
+            lengths=lengths,
+            clock=clock,
+        )
+
+    def _advantages(self, rewards: np.ndarray, group_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """(advantage float32 [N], zero-variance flag bool [P]) of this process's groups."""
+        num_groups = len(rewards) // group_size
+        group_ids = np.repeat(np.arange(num_groups), group_size)
         adv, stats = group_advantages(
             rewards, group_ids, num_groups, scale_by_std=self.scale_by_std
         )
+        return np.asarray(adv, np.float32), np.asarray(stats["zero_variance_p"])
+
+    def _update_batch(self, batch: Rollouts, adv: np.ndarray) -> dict[str, jax.Array]:
+        """The update's input: this process's rollouts as global arrays over the mesh."""
         mask = completion_mask(
             batch.lengths,
             batch.completion.shape[1],
-            batch.truncated if cfg.loss.mask_truncated else None,
+            batch.truncated if self.cfg.loss.mask_truncated else None,
         )
-        update_batch = self.plan.global_rows(  # this process's rows -> global arrays
+        return self.plan.global_rows(
             {
                 "prompt_ids": batch.prompt_ids,
                 "prompt_lens": batch.prompt_lens,
                 "completion": batch.completion,
                 "old_logp": batch.logprobs,
                 "mask": mask,
-                "adv": np.asarray(adv, np.float32),
+                "adv": adv,
             }
         )
-        t1 = time.perf_counter()
-        crash_point("update", self.step)
-        self.params, self.opt_state, upd = self.programs.update(
-            self.params, self.opt_state, update_batch, update_key, self.settings, self.ref_params
-        )
-        upd = {k: float(v) for k, v in jax.device_get(upd).items()}
-        t_update = time.perf_counter() - t1
 
-        # Statistics of every process's rows (each process holds only its own).
+    def _update(self, update_batch: dict, key: jax.Array) -> dict[str, float]:
+        """``epochs x minibatches`` optimizer updates; their metrics averaged."""
+        self.params, self.opt_state, upd = self.programs.update(
+            self.params, self.opt_state, update_batch, key, self.settings, self.ref_params
+        )
+        return {k: float(v) for k, v in jax.device_get(upd).items()}
+
+    def _observe(self, rounds: list[Rollouts], group_size: int) -> tuple[dict, np.ndarray]:
+        """The controller sees every process's lengths of every round: (its stats, lengths)."""
+        lengths = gather_rows(Rollouts.concat(rounds).lengths)
+        return self.controller.observe(lengths.reshape(-1, group_size)), lengths
+
+    def _record(
+        self, g, batch, rounds, used_rounds, *, rewards, zero_variance_p, upd, ctrl, lengths, clock
+    ) -> dict[str, Any]:
+        """The step's metrics (one JSONL line), over every process's rows; ``clock`` holds the
+        times the stages ended (``start``, ``sampled``, ``packed``, ``updated``, ``end``)."""
         all_rounds = Rollouts.concat(rounds)
-        lengths = gather_rows(all_rounds.lengths)
         rewards = gather_rows(rewards)
-        ctrl = self.controller.observe(lengths.reshape(-1, g))
-        self.step += 1
-        total = time.perf_counter() - t0
-        generated = int(lengths.sum())
         local_counts = np.array(
             [
                 [
                     sum(len(r.failed_rows) for r in rounds),
+                    sum(len(r.timed_out_rows) for r in rounds),
                     int(batch.prompt_lens.sum()),
                     int(batch.lengths.sum()),
                 ]
             ]
         )
-        failed_rows, prompt_tokens, trained_tokens = gather_rows(local_counts).sum(axis=0)
+        failed, timed_out, prompt_tokens, trained_tokens = gather_rows(local_counts).sum(axis=0)
+        t_rollout = clock["sampled"] - clock["start"]
+        t_update = clock["updated"] - clock["packed"]
+        total = clock["end"] - clock["start"]
+        generated = int(lengths.sum())
         record = {
             "reward": float(rewards.mean()),
             "reward_raw": float(gather_rows(batch.rewards).mean()),
@@ -461,16 +498,13 @@ class Trainer:
             "group_size": g,
             "prompts": len(rewards) // g,
             "rounds": used_rounds,
-            "zero_variance_frac": float(np.mean(gather_rows(np.asarray(stats["zero_variance_p"])))),
-            "reward_failed_rows": int(failed_rows),
-            "reward_timeouts": int(
-                gather_rows(np.array([sum(len(r.timed_out_rows) for r in rounds)])).sum()
-            ),
+            "zero_variance_frac": float(np.mean(gather_rows(zero_variance_p))),
+            "reward_failed_rows": int(failed),
+            "reward_timeouts": int(timed_out),
             "controller/lambda": ctrl.get("lambda", 0.0),
             "controller/s_t": ctrl["s_t"],
             "controller/straggler_rate": ctrl["straggler_rate"],
             "controller/max_ratio": ctrl["max_ratio"],
-            "controller/posterior_mean": ctrl.get("posterior_mean"),
             "padding_waste": ctrl["padding_waste"],
             "decode_steps": all_rounds.decode_steps,
             "time/rollout_s": t_rollout,
@@ -480,7 +514,7 @@ class Trainer:
             "throughput/tokens_per_s": generated / max(total, 1e-9),
             # real prompt + completion tokens of the update batch, per second of update
             "throughput/update_tokens_per_s": (prompt_tokens + trained_tokens)
-            * cfg.train.epochs
+            * self.cfg.train.epochs
             / max(t_update, 1e-9),
             "compiles/sampler": self.sampler.num_traces,
             "compiles/update": self.programs.compiled_programs()["update"],
@@ -489,8 +523,8 @@ class Trainer:
             "lengths": lengths.reshape(-1, g),
             "prompt_tokens": int(prompt_tokens) // len(rewards),
         }
-        if record["controller/posterior_mean"] is None:
-            del record["controller/posterior_mean"]
+        if ctrl.get("posterior_mean") is not None:
+            record["controller/posterior_mean"] = ctrl["posterior_mean"]
         if upd.get("skipped", 0) > 0:
             record["warning"] = "non-finite loss or gradient: update skipped"
         return record
@@ -519,8 +553,6 @@ class Trainer:
         """Train until ``train.steps``; returns a summary of the run."""
         cfg = self.cfg
         total_steps = cfg.train.steps
-        every_eval = cfg.train.eval_every
-        every_ckpt = cfg.train.checkpoint_every
         start_step = self.step
         # A stop signal before the step loop ends the run at once (see faults.phase).
         kept = ""
@@ -546,50 +578,11 @@ class Trainer:
             bar = tqdm(
                 total=total_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True
             )
-        last_save = time.perf_counter()
-        bad_updates = 0
         with StopRequest() as stop:
-            while self.step < total_steps:
-                record = self.train_step()
-                bad_updates = bad_updates + 1 if record["update/skipped"] > 0 else 0
-                if every_eval and self.step % every_eval == 0 and self.step < total_steps:
-                    self.last_eval = self.evaluate()
-                    record.update(self.last_eval)
-                if self.step == total_steps:
-                    self.last_eval = self.evaluate()
-                    record.update(self.last_eval)
-                self.writer.write(self.step, record, self.controller.candidates)
-                if bar is not None:
-                    bar.set_postfix(
-                        G=record["group_size"],
-                        reward=f"{record['reward']:.2f}",
-                        strag=f"{self.controller.straggler_sum / self.controller.step:.2f}",
-                    )
-                    bar.update(1)
-                if bad_updates >= cfg.train.max_nonfinite_steps:
-                    last = self.last_saved_step
-                    raise TrainingDiverged(
-                        f"step {self.step}: the loss or gradient was not finite in "
-                        f"{bad_updates} steps in a row (train.max_nonfinite_steps); "
-                        + (f"checkpoint step {last} is the last saved" if last else "no checkpoint")
-                        + "; lower train.learning_rate or check the rewards"
-                    )
-                self.store.seal_finished()
-                stopping = stop.should_stop(self.step)
-                minutes = cfg.train.checkpoint_minutes
-                due = (
-                    (every_ckpt and self.step % every_ckpt == 0)
-                    or self.step == total_steps
-                    or stopping
-                    # clocks differ between processes: all save when any is due
-                    or any_process(minutes and time.perf_counter() - last_save >= 60 * minutes)
-                )
-                if due:
-                    self.save()
-                    last_save = time.perf_counter()
-                if stopping:
-                    self.interrupted = stop.name
-                    break
+            hooks = self._hooks(stop, bar)
+            while self.step < total_steps and not self.interrupted:
+                record = self.train_step()  # advances self.step
+                hooks(self.step, record)
         if bar is not None:
             bar.close()
         self.store.wait()
@@ -603,6 +596,64 @@ class Trainer:
         """The whole run so far, every segment of it, from ``metrics.jsonl`` (process 0)."""
         steps, evals = read_metrics(self.run_dir) if self.leader else ([], [])
         return summarize(steps, evals)
+
+    def _hooks(self, stop: StopRequest, bar) -> Hooks:
+        """What runs after each step, in order: evaluation, the log line and progress bar, the
+        divergence check, sealing finished checkpoints, saving one (and stopping) when due."""
+        t = self.cfg.train
+        hooks = Hooks(t.steps)
+
+        def evaluate(step, record):
+            self.last_eval = self.evaluate()
+            record.update(self.last_eval)
+
+        def log(step, record):
+            self.writer.write(step, record, self.controller.candidates)
+            if bar is not None:
+                rate = self.controller.straggler_sum / max(self.controller.step, 1)
+                bar.set_postfix(
+                    G=record["group_size"], reward=f"{record['reward']:.2f}", strag=f"{rate:.2f}"
+                )
+                bar.update(1)
+
+        bad_updates = 0
+
+        def check_divergence(step, record):
+            nonlocal bad_updates
+            bad_updates = bad_updates + 1 if record["update/skipped"] > 0 else 0
+            if bad_updates >= t.max_nonfinite_steps:
+                last = self.last_saved_step
+                raise TrainingDiverged(
+                    f"step {step}: the loss or gradient was not finite in {bad_updates} steps "
+                    f"in a row (train.max_nonfinite_steps); "
+                    + (f"checkpoint step {last} is the last saved" if last else "no checkpoint")
+                    + "; lower train.learning_rate or check the rewards"
+                )
+
+        last_save = time.perf_counter()
+
+        def checkpoint(step, record):
+            nonlocal last_save
+            self.store.seal_finished()
+            stopping = stop.should_stop(step)
+            minutes = t.checkpoint_minutes
+            due = (
+                itstime(step, t.checkpoint_every, t.steps)
+                or stopping
+                # clocks differ between processes: all save when any is due
+                or any_process(minutes and time.perf_counter() - last_save >= 60 * minutes)
+            )
+            if due:
+                self.save()
+                last_save = time.perf_counter()
+            if stopping:
+                self.interrupted = stop.name
+
+        hooks.add(evaluate, every=t.eval_every)
+        hooks.add(log)
+        hooks.add(check_divergence)
+        hooks.add(checkpoint)
+        return hooks
 
     def close(self) -> None:
         try:
