@@ -9,10 +9,11 @@ and the JAX compile time.
 Both sides get the same cores: torch runs `torch.set_num_threads(threads)`; XLA:CPU runs each of
 these small ops on one thread, so JAX gets `threads` host devices
 (--xla_force_host_platform_device_count) and the sampler splits the batch across them
-(`Sampler(batch_sharding=...)`, data parallel, weights replicated). The process is pinned to
-`threads` cores when the machine has more.
+(`Sampler(plan=...)` on a `data` mesh, weights replicated). The process is pinned to `threads`
+cores when the machine has more. `--decode-chunk` is `sampling.decode_chunk` (0: every decode
+step attends over the whole cache).
 
-    .venv/bin/python benchmarks/generate.py [--threads 2] [--repeats 3]
+    .venv/bin/python benchmarks/generate.py [--threads 2] [--repeats 3] [--decode-chunk auto]
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ def _parse():
     parser.add_argument(
         "--jax-devices", type=int, default=0, help="host devices for JAX (default: --threads)"
     )
+    parser.add_argument(
+        "--decode-chunk",
+        type=lambda v: v if v == "auto" else int(v),
+        default="auto",
+        help="cache slots per decode phase (sampling.decode_chunk); 0: one phase",
+    )
     return parser.parse_args()
 
 
@@ -53,9 +60,13 @@ def main() -> None:
     import numpy as np
     import torch
     import transformers
+    from flax import nnx
 
+    from sagc_jax.config import MeshConfig
     from sagc_jax.models import load_hf_checkpoint, num_params
+    from sagc_jax.parallel import ShardingPlan
     from sagc_jax.sampling import Sampler
+    from sagc_jax.sampling.sampler import phase_slots, resolve_chunk
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -84,10 +95,19 @@ def main() -> None:
 
     # ---- sagc_jax: eos_ids=() so every row generates all new tokens; rows split over devices.
     devices = jax.devices()
-    mesh = jax.make_mesh((len(devices),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
-    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
-    sampler, state = Sampler.from_model(model, eos_ids=(), pad_id=0, batch_sharding=rows)
-    state = jax.device_put(state, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    plan = ShardingPlan.from_config(MeshConfig(data=len(devices), fsdp=1, tensor=1))
+    graphdef, state = nnx.split(model)
+    param_sh = plan.params(state)
+    state = jax.device_put(state, param_sh)
+    sampler = Sampler(
+        graphdef,
+        cfg,
+        eos_ids=(),
+        pad_id=0,
+        decode_chunk=args.decode_chunk,
+        plan=plan,
+        state_shardings=param_sh,
+    )
 
     def run_jax(seed):
         out = sampler(
@@ -109,6 +129,7 @@ def main() -> None:
         out = run_jax(seed)
         jax_times.append(time.perf_counter() - start)
     assert int(out.lengths_b.min()) == args.new_tokens and sampler.compiled_programs() == 1
+    chunk = resolve_chunk(args.new_tokens, args.decode_chunk)
     jax_tps = total_new / min(jax_times)
     compile_s = first_call - min(jax_times)
 
@@ -142,7 +163,8 @@ def main() -> None:
         f"transformers {hf_tps:,.0f} tok/s (torch {torch.__version__}, "
         f"set_num_threads({args.threads}), {len(os.sched_getaffinity(0))} cores) | "
         f"ratio {jax_tps / hf_tps:.2f}x | jax compile {compile_s:.1f} s "
-        f"({len(devices)} host devices) | "
+        f"({len(devices)} host devices, decode_chunk {args.decode_chunk} = {chunk}: "
+        f"{len(phase_slots(args.new_tokens, chunk))} phases) | "
         f"jax {jax.__version__} transformers {transformers.__version__}"
     )
     sys.stdout.flush()

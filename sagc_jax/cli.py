@@ -154,7 +154,7 @@ def _sft_locked(args: argparse.Namespace, cfg: Config, out_dir: Path) -> int:
     graphdef, params = nnx.split(model)
     result = run_sft(cfg, (graphdef, params, source), out_dir, progress=cfg.logging.progress)
     sampler = policy_sampler(
-        graphdef, model.config, source.tokenizer
+        graphdef, model.config, source.tokenizer, decode_chunk=cfg.sampling.decode_chunk
     )
     kept = f"the finished warm start is saved in {out_dir}; {resume_hint(cfg, out_dir)}"
     with phase("the final evaluation", kept):
@@ -294,7 +294,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     graphdef, params = nnx.split(model)
     params = load_run_params(run, params, unfinished_ok=True)
     sampler = policy_sampler(
-        graphdef, model.config, source.tokenizer
+        graphdef, model.config, source.tokenizer, decode_chunk=cfg.sampling.decode_chunk
     )
     with phase("the evaluation"):
         result = evaluate_policy(sampler, params, source, cfg, args.num)

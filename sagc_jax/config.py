@@ -129,6 +129,12 @@ class ModelConfig(_Section):
         help="rematerialisation of each decoder layer in the backward pass: none keeps every "
         "activation, full recomputes the layer from its input, dots keeps the matmul outputs",
     )
+    attention: str = option(
+        "auto",
+        choices=("auto", "einsum", "cudnn", "splash"),
+        help="attention of the full forward (update, log-probs; decoding always uses einsum): "
+        "auto picks cudnn on GPU in bfloat16, splash on TPU, einsum otherwise",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +143,12 @@ class SamplingConfig(_Section):
 
     _prefix = "sampling."
     max_new_tokens: int = option(256, ge=1)
+    decode_chunk: int | str = option(
+        "auto",
+        ge=0,
+        help="cache slots added per decode phase, so a step attends over about the tokens so "
+        "far; 0: every step attends over the whole cache; 'auto': max(32, max_new_tokens / 8)",
+    )
     temperature: float = option(1.0, ge=0.0)
     top_p: float = option(1.0, gt=0.0, le=1.0)
     top_k: int = option(0, ge=0, help="0 disables top-k")
@@ -157,6 +169,11 @@ class SamplingConfig(_Section):
         elif list(self.prompt_buckets) != sorted(set(self.prompt_buckets)):
             raise ConfigError(
                 f"sampling.prompt_buckets = {list(self.prompt_buckets)} must be strictly increasing"
+            )
+        if isinstance(self.decode_chunk, str) and self.decode_chunk != "auto":
+            raise ConfigError(
+                f"sampling.decode_chunk = {self.decode_chunk!r} is not allowed; give a number of "
+                f"cache slots >= 0 (0: one phase over the whole cache) or 'auto'"
             )
 
 
@@ -271,6 +288,14 @@ class TrainConfig(_Section):
     compilation_cache_dir: str | None = option(None, help="persistent XLA compilation cache")
     init_checkpoint: str | None = option(
         None, help="start from the params of this run directory (e.g. the SFT warm start)"
+    )
+    packing: bool = option(
+        True,
+        help="update on packed rows of real tokens (one program per row-count rung); false: "
+        "one padded row per rollout",
+    )
+    pack_len: int = option(
+        0, ge=0, help="tokens per packed row; 0: largest prompt bucket + sampling.max_new_tokens"
     )
 
 

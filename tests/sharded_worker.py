@@ -87,7 +87,7 @@ def run(mesh_shape, devices, kl_beta):
             temperature=0.0,
         )
     )
-    cache_bytes = bytes_per_device(sampler._cache)
+    cache_bytes = bytes_per_device(sampler.empty_cache(ROWS, PROMPT + NEW))
     params, opt_state, metrics = programs.update(
         params,
         opt_state,

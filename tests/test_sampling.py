@@ -1,5 +1,6 @@
 """Sampler: agreement with the full forward pass, early exit, no recompiles, sampling filters."""
 
+import logging
 import os
 import subprocess
 import sys
@@ -10,8 +11,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from sagc_jax.config import ConfigError, load_config
 from sagc_jax.models import Decoder, get_preset
 from sagc_jax.sampling import Sampler, bucket_length, left_pad, sample, sample_token
+from sagc_jax.sampling.sampler import phase_slots, resolve_chunk
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [20]]
 BUCKETS = (8, 16)
@@ -122,7 +125,7 @@ def test_new_prompts_seeds_and_settings_do_not_recompile(setup):
     assert (sampler.compiled_programs(), sampler.num_traces) == (programs + 1, traces + 1)
 
 
-def test_same_key_same_output_and_kept_cache_does_not_leak(setup):
+def test_same_key_same_output_whatever_ran_before(setup):
     _, sampler, state, ids_bt, lens_b, greedy = setup
     first = sampler(state, ids_bt, lens_b, jax.random.key(7), max_new_tokens=MAX_NEW)
     other_ids_bt, other_lens_b = left_pad([[99] * 8, [98] * 8, [97] * 8], 0, BUCKETS)
@@ -142,6 +145,98 @@ def test_same_key_same_output_and_kept_cache_does_not_leak(setup):
         eos_ids=(),
     )
     np.testing.assert_array_equal(out.tokens_bt, greedy.tokens_bt)
+
+
+# ---------------------------------------------------------------------- decode phases
+def test_phase_slots_and_chunk():
+    assert phase_slots(12, 0) == (12,)
+    assert phase_slots(12, 4) == (4, 8, 12)  # steps 1-4, 5-8, 9-11
+    assert phase_slots(12, 5) == (5, 10, 12)
+    assert phase_slots(11, 5) == (5, 10)  # step 10 is the last: 10 slots are enough
+    assert phase_slots(12, 11) == phase_slots(12, 40) == (12,)
+    assert phase_slots(1, 3) == (1,)
+    assert phase_slots(256, 32) == tuple(range(32, 257, 32))
+    assert resolve_chunk(12) == 32 and resolve_chunk(256) == 32 and resolve_chunk(1000) == 125
+    assert resolve_chunk(12, 0) == 0
+    for bad in (-1, "half", 2.5):
+        with pytest.raises(ValueError, match="decode_chunk"):
+            resolve_chunk(12, bad)
+    assert load_config(None, []).sampling.decode_chunk == "auto"
+    assert load_config(None, ["sampling.decode_chunk=16"]).sampling.decode_chunk == 16
+    for bad in ("-1", "half"):
+        with pytest.raises(ConfigError, match="sampling.decode_chunk"):
+            load_config(None, [f"sampling.decode_chunk={bad}"])
+
+
+def _eos_for(tokens_bt, cuts):
+    """End tokens taken from row r at position cuts[r] (None: none from that row), and the
+    lengths they give each row of `tokens_bt` (MAX_NEW where a row never meets one)."""
+    eos_ids = tuple(int(tokens_bt[r, c]) for r, c in enumerate(cuts) if c is not None)
+    is_eos_bt = np.isin(tokens_bt, eos_ids)
+    lengths_b = np.where(is_eos_bt.any(1), is_eos_bt.argmax(1) + 1, tokens_bt.shape[1])
+    return eos_ids, lengths_b
+
+
+@pytest.fixture(scope="module")
+def single_phase(setup):
+    """Reference outputs of the single-phase sampler (decode_chunk=0) for two sets of end
+    tokens: rows ending in different phases (one never), and every row ending early."""
+    _, sampler, state, ids_bt, lens_b, greedy = setup
+    mixed, mixed_lengths_b = _eos_for(greedy.tokens_bt, (1, 5, None))
+    early, early_lengths_b = _eos_for(greedy.tokens_bt, (2, 1, 3))
+    assert len(set(mixed_lengths_b.tolist())) == 3 and max(early_lengths_b) <= 4
+    refs = {}
+    for eos_ids in (mixed, early):
+        ref = Sampler(sampler.graphdef, sampler.config, eos_ids=eos_ids, decode_chunk=0)
+        refs[eos_ids] = [
+            jax.device_get(ref(state, ids_bt, lens_b, jax.random.key(seed), **settings))
+            for seed, settings in PHASE_CALLS
+        ]
+    return mixed, early, refs
+
+
+PHASE_CALLS = [
+    (0, dict(max_new_tokens=MAX_NEW, temperature=0.0)),
+    (1, dict(max_new_tokens=MAX_NEW, temperature=0.9)),
+    (2, dict(max_new_tokens=MAX_NEW, temperature=1.0, top_k=40)),
+]
+
+
+def _assert_same_samples(out, want):
+    np.testing.assert_array_equal(out.tokens_bt, want.tokens_bt)
+    np.testing.assert_array_equal(out.lengths_b, want.lengths_b)
+    np.testing.assert_array_equal(out.truncated_b, want.truncated_b)
+    assert int(out.num_decode_steps) == int(want.num_decode_steps)
+    np.testing.assert_allclose(out.logprobs_bt, want.logprobs_bt, atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [4, 5])
+def test_decode_phases_give_the_single_phase_tokens(setup, single_phase, chunk):
+    """Phases of `chunk` slots (4 divides MAX_NEW, 5 does not) sample what one
+    phase over the whole cache does, greedy or not, with rows ending in different phases (or
+    never); one program for all the calls."""
+    _, sampler, state, ids_bt, lens_b, greedy = setup
+    mixed, _, refs = single_phase
+    phased = Sampler(sampler.graphdef, sampler.config, eos_ids=mixed, decode_chunk=chunk)
+    for (seed, settings), want in zip(PHASE_CALLS, refs[mixed], strict=True):
+        out = phased(state, ids_bt, lens_b, jax.random.key(seed), **settings)
+        _assert_same_samples(jax.device_get(out), want)
+    greedy_mixed = refs[mixed][0]
+    assert greedy_mixed.truncated_b.tolist() == [False, False, True]
+    assert int(greedy_mixed.num_decode_steps) == MAX_NEW - 1
+    assert phased.compiled_programs() == 1
+
+
+def test_decode_phases_stop_when_every_row_is_done(setup, single_phase):
+    """Every row ends by step 3, in the second of six phases: the other four are skipped."""
+    _, sampler, state, ids_bt, lens_b, _ = setup
+    _, early, refs = single_phase
+    phased = Sampler(sampler.graphdef, sampler.config, eos_ids=early, decode_chunk=2)
+    (seed, settings), want = PHASE_CALLS[0], refs[early][0]
+    out = jax.device_get(phased(state, ids_bt, lens_b, jax.random.key(seed), **settings))
+    _assert_same_samples(out, want)
+    assert not out.truncated_b.any()
+    assert int(out.num_decode_steps) == int(out.lengths_b.max()) - 1 <= 3
 
 
 # ---------------------------------------------------------------------- sample_token
@@ -200,38 +295,74 @@ def test_logprob_is_untruncated_tempered_log_softmax():
 
 
 _SHARDED_SCRIPT = """
+import logging
 import jax, numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
+from sagc_jax.config import MeshConfig
 from sagc_jax.models import Decoder, get_preset
+from sagc_jax.parallel import ShardingPlan, bytes_per_device
 from sagc_jax.sampling import Sampler, left_pad
 assert jax.device_count() == 2
 small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, head_dim=8)
 model = Decoder(get_preset("tiny", **small), rngs=nnx.Rngs(0))
 ids_bt, lens_b = left_pad([[5, 6, 7], [8, 9], [20], [4, 4, 4, 4]], pad_id=0, buckets=(8,))
-plain, state = Sampler.from_model(model, eos_ids=(), pad_id=0)
-mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
-rows = NamedSharding(mesh, P("data"))
-sharded = Sampler(plain.graphdef, plain.config, eos_ids=(), batch_sharding=rows)
-a, b = (s(state, ids_bt, lens_b, jax.random.key(0), max_new_tokens=6, temperature=0.0)
-        for s in (plain, sharded))
-assert b.tokens_bt.sharding.spec == P("data"), b.tokens_bt.sharding
-np.testing.assert_array_equal(a.tokens_bt, b.tokens_bt)
-np.testing.assert_allclose(a.logprobs_bt, b.logprobs_bt, atol=1e-5)
-# Rows 0-1 (device 0) end at their first token; the step count is the slowest device's.
-first = np.asarray(a.tokens_bt[:, 0])
-stop = Sampler(plain.graphdef, plain.config, eos_ids=tuple(first[:2]), batch_sharding=rows)
-c = stop(state, ids_bt, lens_b, jax.random.key(0), max_new_tokens=6, temperature=0.0)
-assert list(np.asarray(c.lengths_b)[:2]) == [1, 1], c.lengths_b
+plain, state = Sampler.from_model(model, eos_ids=(), pad_id=0, decode_chunk=0)
+compiles = []  # XLA compiles of the sampler program
+handler = logging.Handler()
+handler.emit = lambda r: "_generate_impl" in r.getMessage() and compiles.append(r.getMessage())
+logging.getLogger("jax").addHandler(handler)
+def run(sampler, params, **kw):
+    out = sampler(params, ids_bt, lens_b, jax.random.key(0), max_new_tokens=6, **kw)
+    return out, sampler.to_host(out)
+for mesh in (MeshConfig(data=2, fsdp=1), MeshConfig(data=1, fsdp=2)):
+    plan = ShardingPlan.from_config(mesh)
+    param_sh = plan.params(state)
+    params = jax.device_put(state, param_sh)
+    sharded = Sampler(plain.graphdef, plain.config, eos_ids=(), decode_chunk=3, plan=plan,
+                      state_shardings=param_sh)
+    sharded.compile(params, *ids_bt.shape, max_new_tokens=6)  # the calls run this executable
+    for temperature in (0.0, 1.0):
+        _, a = run(plain, state, temperature=temperature)
+        compiles.clear()
+        with jax.log_compiles():
+            out, b = run(sharded, params, temperature=temperature)
+        assert not compiles, compiles
+        assert out.tokens_bt.sharding.spec == P(("data", "fsdp")), out.tokens_bt.sharding
+        np.testing.assert_array_equal(a.tokens_bt, b.tokens_bt)
+        np.testing.assert_allclose(a.logprobs_bt, b.logprobs_bt, atol=1e-5)
+    assert sharded.compiled_programs() == 1
+    # The cache the program starts from is split by rows (its 4-byte index replicated).
+    one = bytes_per_device(plain.empty_cache(4, 10))
+    assert bytes_per_device(sharded.empty_cache(4, 10)) * 2 - 4 == one, one
+# Rows 0-1 end at their first token, rows 2-3 later: early exit follows the slowest row.
+_, a = run(plain, state, temperature=0.0)
+stop = Sampler(plain.graphdef, plain.config, eos_ids=tuple(a.tokens_bt[:2, 0]), decode_chunk=3,
+               plan=plan, state_shardings=param_sh)
+_, c = run(stop, params, temperature=0.0)
+assert list(c.lengths_b[:2]) == [1, 1], c.lengths_b
 assert int(c.num_decode_steps) == int(np.max(c.lengths_b)) - 1
 print("OK")
 """
 
 
-def test_batch_sharded_over_two_host_devices_matches_one_device():
+def test_sharded_over_two_host_devices_matches_one_device():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
     env["JAX_PLATFORMS"] = "cpu"
     result = subprocess.run(
         [sys.executable, "-c", _SHARDED_SCRIPT], env=env, capture_output=True, text=True
     )
     assert result.returncode == 0 and result.stdout.strip().endswith("OK"), result.stderr[-3000:]
+
+
+def test_compile_ahead_is_what_the_call_runs(setup, caplog):
+    """`compile` builds the executable the next call of that shape runs: no second XLA compile
+    (tracing once is not enough: a lowering with other argument shardings compiles again)."""
+    _, sampler, state, ids_bt, lens_b, _ = setup
+    fresh = Sampler(sampler.graphdef, sampler.config, eos_ids=(), decode_chunk=2)
+    fresh.compile(state, *ids_bt.shape, max_new_tokens=5)
+    with jax.log_compiles(), caplog.at_level(logging.DEBUG):
+        fresh(state, ids_bt, lens_b, jax.random.key(0), max_new_tokens=5)
+    compiled = [r.getMessage() for r in caplog.records if "compil" in r.getMessage()]
+    assert not [m for m in compiled if "_generate_impl" in m], compiled
+    assert fresh.compiled_programs() == 1

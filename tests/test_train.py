@@ -28,21 +28,27 @@ class CyclingController(GroupController):
         return {}
 
 
-def test_one_program_per_candidate(tmp_path):
-    cfg = load_config(None, [*TINY, "train.steps=6", "logging.tensorboard=false"])
-    trainer = Trainer(cfg, tmp_path / "run")
+@pytest.mark.parametrize("packing", [False, True])
+def test_one_program_per_candidate(tmp_path, packing):
+    """One rollout program per G; one padded update per G, or one packed update per row-count
+    rung the steps used (whatever G)."""
+    overrides = [*TINY, "train.steps=6", "logging.tensorboard=false", f"train.packing={packing}"]
+    trainer = Trainer(load_config(None, overrides), tmp_path / "run")
     trainer.controller = CyclingController((2, 4))
     trainer.run(progress=False)
     trainer.close()
     assert trainer.controller.steps_per_candidate.tolist() == [3, 3]
     assert trainer.sampler.num_traces == 2
-    assert trainer.programs.compiled_programs()["update"] == 2
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = {r["update_rows"] for r in lines if "group_size" in r}
+    assert trainer.programs.compiled_programs()["update"] == len(rows)
+    if not packing:
+        assert rows == {4, 8}  # 2 prompts x G
 
 
 def test_compile_ahead_compiles_every_candidate_once(tmp_path, capsys):
-    cfg = load_config(
-        None, [*TINY, "train.steps=4", "logging.tensorboard=false", "train.compile_ahead=true"]
-    )
+    overrides = [*TINY, "train.steps=4", "logging.tensorboard=false", "train.compile_ahead=true"]
+    cfg = load_config(None, [*overrides, "train.packing=false"])  # packed rungs compile on use
     trainer = Trainer(cfg, tmp_path / "run")
     trainer.controller = CyclingController((2, 4))
     trainer.compile_ahead()

@@ -115,6 +115,11 @@ def sharding_rules(mesh: jax.sharding.Mesh, rules: Rules):
         _ACTIVE.reset(token)
 
 
+def active_rules() -> tuple[jax.sharding.Mesh, Rules] | None:
+    """The (mesh, rules) of the enclosing `sharding_rules` context, or None outside one."""
+    return _ACTIVE.get()
+
+
 def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
     """Sharding constraint by logical names; a no-op outside `sharding_rules`."""
     active = _ACTIVE.get()

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 REMAT_POLICIES = ("none", "full", "dots")
+ATTENTION_PATHS = ("auto", "einsum", "cudnn", "splash")  # models.layers.resolve_attention
 _FAMILIES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 
@@ -56,6 +57,7 @@ class DecoderConfig:
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
     remat: str = "none"  # "none", "full" (recompute each layer) or "dots" (keep matmul outputs)
+    attention: str = "auto"  # full-forward attention: "auto", "einsum", "cudnn" or "splash"
     bos_id: int | None = None
     eos_ids: tuple[int, ...] = ()
 
@@ -75,6 +77,10 @@ class DecoderConfig:
         if self.remat not in REMAT_POLICIES:
             raise ValueError(
                 f"DecoderConfig.remat={self.remat!r}; allowed: {', '.join(REMAT_POLICIES)}"
+            )
+        if self.attention not in ATTENTION_PATHS:
+            raise ValueError(
+                f"DecoderConfig.attention={self.attention!r}; allowed: {', '.join(ATTENTION_PATHS)}"
             )
         if self.head_dim % 2:
             raise ValueError(f"DecoderConfig.head_dim={self.head_dim} must be even for RoPE")

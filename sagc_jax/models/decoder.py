@@ -1,7 +1,8 @@
 """The decoder (`Decoder`) and its KV cache (`KVCache`, `init_cache`).
 
 Two entry points:
-  * `model(tokens_bt, positions_bt=None, mask_bt=None) -> logits_btv`: full forward, no cache;
+  * `model(tokens_bt, positions_bt=None, mask_bt=None, segment_ids_bt=None) -> logits_btv`: full
+    forward, no cache; with `segment_ids_bt` a row holds several sequences (packed);
   * `model.apply_cached(tokens_bt, cache) -> (logits_btv, cache)`: prefill (T = prompt length) or
     decode (T = 1) over a KV cache of S slots, rows left-padded.
 
@@ -57,9 +58,11 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg, rngs=rngs)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x_btd, positions_bt, mask_bts, kv_cache=None, cache_index=None):
+    def __call__(
+        self, x_btd, positions_bt, mask_bts, kv_cache=None, cache_index=None, segment_ids_bt=None
+    ):
         y_btd, kv_cache = self.attn(
-            self.attn_norm(x_btd), positions_bt, mask_bts, kv_cache, cache_index
+            self.attn_norm(x_btd), positions_bt, mask_bts, kv_cache, cache_index, segment_ids_bt
         )
         x_btd = ax.constrain(x_btd + y_btd, (ax.BATCH, ax.LENGTH, ax.ACT_EMBED))
         x_btd = x_btd + self.mlp(self.mlp_norm(x_btd))
@@ -74,8 +77,8 @@ _REMAT_POLICY = {
 }
 
 
-def _block_forward(block: Block, x_btd, positions_bt, mask_bts):
-    return block(x_btd, positions_bt, mask_bts)[0]
+def _block_forward(block: Block, x_btd, positions_bt, segment_ids_bt):
+    return block(x_btd, positions_bt, None, segment_ids_bt=segment_ids_bt)[0]
 
 
 class Decoder(nnx.Module):
@@ -124,33 +127,39 @@ class Decoder(nnx.Module):
         return ax.constrain(logits_btv.astype(jnp.float32), (ax.BATCH, ax.LENGTH, ax.ACT_VOCAB))
 
     # ----------------------------------------------------------------- no cache
-    def hidden(self, tokens_bt, positions_bt=None, mask_bt=None) -> jax.Array:
+    def hidden(self, tokens_bt, positions_bt=None, mask_bt=None, segment_ids_bt=None) -> jax.Array:
         """Hidden states [B, T, D] before the final norm, causal attention, no cache.
 
         mask_bt: 1 for real tokens, 0 for padding (padding keys are never attended to); when given
         without positions, positions count real tokens only (left padding friendly).
+        segment_ids_bt: int [B, T] instead of mask_bt, for packed rows: attention is causal
+        within equal ids (1..n, 0 = padding), and ``positions_bt`` (restarting at 0 in each
+        segment) must be given too.
         """
         b, t = tokens_bt.shape
-        causal_tt = jnp.tril(jnp.ones((t, t), jnp.bool_))
-        if mask_bt is None:
-            mask_bts = jnp.broadcast_to(causal_tt, (b, t, t))
-            default_positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        if segment_ids_bt is not None:
+            if mask_bt is not None or positions_bt is None:
+                raise ValueError("segment_ids_bt needs positions_bt and no mask_bt")
+        elif mask_bt is None:
+            segment_ids_bt = jnp.ones((b, t), jnp.int32)
         else:
-            mask_bt = mask_bt.astype(jnp.bool_)
-            mask_bts = causal_tt[None] & mask_bt[:, None, :]
-            default_positions_bt = jnp.maximum(jnp.cumsum(mask_bt, axis=1, dtype=jnp.int32) - 1, 0)
-        positions_bt = default_positions_bt if positions_bt is None else positions_bt
+            # one segment of real tokens: padding (segment 0) is never seen from a real token
+            segment_ids_bt = mask_bt.astype(jnp.int32)
+            if positions_bt is None:
+                positions_bt = jnp.maximum(jnp.cumsum(segment_ids_bt, axis=1) - 1, 0)
+        if positions_bt is None:
+            positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
         x_btd = self.embed(tokens_bt)
         forward = _block_forward
         if self.config.remat != "none":
             forward = nnx.remat(_block_forward, policy=_REMAT_POLICY[self.config.remat])
         for block in self.layers:
-            x_btd = forward(block, x_btd, positions_bt, mask_bts)
+            x_btd = forward(block, x_btd, positions_bt, segment_ids_bt)
         return x_btd
 
-    def __call__(self, tokens_bt, positions_bt=None, mask_bt=None) -> jax.Array:
+    def __call__(self, tokens_bt, positions_bt=None, mask_bt=None, segment_ids_bt=None):
         """int32 tokens [B, T] -> float32 logits [B, T, V]."""
-        return self.logits(self.hidden(tokens_bt, positions_bt, mask_bt))
+        return self.logits(self.hidden(tokens_bt, positions_bt, mask_bt, segment_ids_bt))
 
     # ----------------------------------------------------------------- KV cache
     def apply_cached(

@@ -145,7 +145,11 @@ def _shape(x) -> tuple[int, ...]:
 
 
 def load_hf_checkpoint(
-    path: str, dtype: str = "float32", compute_dtype: str | None = None, remat: str = "none"
+    path: str,
+    dtype: str = "float32",
+    compute_dtype: str | None = None,
+    remat: str = "none",
+    attention: str = "auto",
 ) -> tuple[Decoder, DecoderConfig]:
     """Reads a local transformers directory (config.json + safetensors) into a `Decoder`.
 
@@ -156,7 +160,11 @@ def load_hf_checkpoint(
     with open(os.path.join(path, "config.json")) as f:
         hf_config = json.load(f)
     cfg = DecoderConfig.from_hf_config(
-        hf_config, param_dtype=dtype, compute_dtype=compute_dtype or dtype, remat=remat
+        hf_config,
+        param_dtype=dtype,
+        compute_dtype=compute_dtype or dtype,
+        remat=remat,
+        attention=attention,
     )
     graphdef, abstract_state = _abstract_model(cfg)
     flat = dict(nnx.to_flat_state(abstract_state))

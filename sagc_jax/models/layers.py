@@ -14,7 +14,7 @@ import numpy as np
 from flax import nnx
 
 from sagc_jax.models import axes as ax
-from sagc_jax.models.config import DecoderConfig, Llama3RopeScaling
+from sagc_jax.models.config import ATTENTION_PATHS, DecoderConfig, Llama3RopeScaling
 
 # Finite, so that a query row with every key masked (a left-padding slot) stays NaN-free.
 _MASKED = -0.7 * float(np.finfo(np.float32).max)
@@ -67,14 +67,69 @@ def apply_rope(x_btnh: jax.Array, positions_bt: jax.Array, inv_freq_h2: np.ndarr
     return rotated.astype(x_btnh.dtype)
 
 
+_SPLASH_BLOCKS = (512, 256, 128)  # splash tiles: the row length must divide by one of them
+
+
+def resolve_attention(implementation: str, dtype, length: int, backend: str | None = None) -> str:
+    """The attention path a full forward of ``length`` tokens takes.
+
+    auto: cuDNN flash attention on GPU for bfloat16/float16 (cuDNN has no float32 kernel),
+    splash attention on TPU when the length divides into its 128-token tiles, the einsum
+    path otherwise (CPU, float32 on GPU, odd lengths).
+    """
+    if implementation != "auto":
+        return implementation
+    backend = backend or jax.default_backend()
+    if backend in ("gpu", "cuda", "rocm") and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
+        return "cudnn"
+    if backend == "tpu" and length % _SPLASH_BLOCKS[-1] == 0:
+        return "splash"
+    return "einsum"
+
+
 def attend(
-    q_btnh: jax.Array, k_bkhs: jax.Array, v_bksh: jax.Array, mask_bts: jax.Array
+    q_btnh: jax.Array,
+    k_bkhs: jax.Array,
+    v_bksh: jax.Array,
+    *,
+    mask_bts: jax.Array | None = None,
+    segment_ids_bt: jax.Array | None = None,
+    implementation: str = "einsum",
 ) -> jax.Array:
     """Grouped-query attention; scores and softmax in float32. Returns [B, T, N, H].
 
+    Exactly one of:
+      mask_bts: bool [B, T, S], the keys each query sees (the KV-cache path: S cache slots);
+        always the einsum path;
+      segment_ids_bt: int [B, T], causal attention within equal ids (S = T, no cache): a
+        packed row holds several sequences, padding is its own segment (0). This is what the
+        fused kernels take, so ``implementation`` ("einsum", "cudnn", "splash" or "auto", see
+        :func:`resolve_attention`) applies here.
+
     Keys are [B, K, H, S] and values [B, K, S, H]: both products are then plain (not transposed)
-    matmuls batched over (B, K), the layouts a decode step reads fastest from the cache.
+    matmuls batched over (B, K), the layouts a decode step reads fastest from the cache. The
+    kernels take [B, S, K, H]; XLA folds the transposes on the way.
     """
+    if (mask_bts is None) == (segment_ids_bt is None):
+        raise ValueError("attend takes exactly one of mask_bts and segment_ids_bt")
+    if mask_bts is None:
+        t = q_btnh.shape[1]
+        implementation = resolve_attention(implementation, q_btnh.dtype, t)
+        if implementation == "cudnn":
+            return _attend_dot_product(q_btnh, k_bkhs, v_bksh, segment_ids_bt, "cudnn")
+        if implementation == "splash":
+            return _attend_splash(q_btnh, k_bkhs, v_bksh, segment_ids_bt)
+        if implementation != "einsum":
+            raise ValueError(
+                f"attention implementation {implementation!r}; allowed: "
+                f"{', '.join(ATTENTION_PATHS)}"
+            )
+        causal_tt = jnp.tril(jnp.ones((t, t), jnp.bool_))
+        mask_bts = causal_tt[None] & (segment_ids_bt[:, :, None] == segment_ids_bt[:, None, :])
+    return _attend_einsum(q_btnh, k_bkhs, v_bksh, mask_bts)
+
+
+def _attend_einsum(q_btnh, k_bkhs, v_bksh, mask_bts) -> jax.Array:
     b, t, n, h = q_btnh.shape
     k = k_bkhs.shape[1]
     q_bkgth = q_btnh.reshape(b, t, k, n // k, h).transpose(0, 2, 3, 1, 4)
@@ -85,6 +140,78 @@ def attend(
     probs_bkgts = jax.nn.softmax(scores_bkgts, axis=-1).astype(v_bksh.dtype)
     out_bkgth = jnp.einsum("BKGTS,BKSH->BKGTH", probs_bkgts, v_bksh)
     return out_bkgth.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+
+
+def _attend_dot_product(q_btnh, k_bkhs, v_bksh, segment_ids_bt, implementation: str):
+    """``jax.nn.dot_product_attention`` (cuDNN flash attention on GPU): causal, with the
+    segments as a [B, 1, T, T] mask (the public API takes no segment ids; cuDNN's packed
+    layout with offsets would skip the cross-segment blocks too, see the note in the module)."""
+    same_b1ts = (segment_ids_bt[:, :, None] == segment_ids_bt[:, None, :])[:, None]
+    return jax.nn.dot_product_attention(
+        q_btnh,
+        k_bkhs.transpose(0, 3, 1, 2),
+        v_bksh.transpose(0, 2, 1, 3),
+        mask=same_b1ts,
+        is_causal=True,
+        implementation=implementation,
+    ).astype(q_btnh.dtype)
+
+
+def _attend_splash(q_btnh, k_bkhs, v_bksh, segment_ids_bt, interpret: bool = False):
+    """TPU splash attention (causal mask, segment ids), one multi-query kernel per KV head;
+    under sharding rules it runs per device on its rows (``shard_map`` over the batch axes)."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+        splash_attention_kernel as splash,
+    )
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+        splash_attention_mask as splash_mask,
+    )
+
+    b, t, n, h = q_btnh.shape
+    k = k_bkhs.shape[1]
+    block = next((size for size in _SPLASH_BLOCKS if t % size == 0), None)
+    if block is None:
+        raise ValueError(
+            f"splash attention needs a row length that divides by {_SPLASH_BLOCKS[-1]}, got {t}; "
+            f"set train.pack_len to a multiple of {_SPLASH_BLOCKS[-1]} or model.attention: einsum"
+        )
+    sizes = splash.BlockSizes(
+        block_q=block,
+        block_kv=block,
+        block_kv_compute=block,
+        block_q_dkv=block,
+        block_kv_dkv=block,
+        block_kv_dkv_compute=block,
+        block_q_dq=block,
+        block_kv_dq=block,
+    )
+    mask = splash_mask.MultiHeadMask([splash_mask.CausalMask((t, t))] * (n // k))
+    kernel = splash.make_splash_mqa_single_device(mask=mask, block_sizes=sizes, interpret=interpret)
+
+    def local(q_btnh, k_bkhs, v_bksh, segment_ids_bt):
+        lb = q_btnh.shape[0]
+        # [B, K, G, T, H] queries, pre-scaled (the kernel does not scale)
+        q_bkgth = (q_btnh * h**-0.5).reshape(lb, t, k, n // k, h).transpose(0, 2, 3, 1, 4)
+        k_bksh = k_bkhs.transpose(0, 1, 3, 2)
+
+        def one_row(q_kgth, k_ksh, v_ksh, seg_t):
+            ids = splash.SegmentIds(q=seg_t, kv=seg_t)
+            return jax.vmap(lambda q, k_, v: kernel(q, k_, v, segment_ids=ids))(
+                q_kgth, k_ksh, v_ksh
+            )
+
+        out_bkgth = jax.vmap(one_row)(q_bkgth, k_bksh, v_bksh, segment_ids_bt)
+        return out_bkgth.transpose(0, 3, 1, 2, 4).reshape(lb, t, n, h).astype(q_btnh.dtype)
+
+    active = ax.active_rules()
+    if active is None:
+        return local(q_btnh, k_bkhs, v_bksh, segment_ids_bt)
+    mesh, rules = active
+    rows = ax.mesh_spec((ax.BATCH,), (b,), mesh, rules)[0]
+    spec = jax.sharding.PartitionSpec(rows)
+    return jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec, check_vma=False)(
+        q_btnh, k_bkhs, v_bksh, segment_ids_bt
+    )
 
 
 class Attention(nnx.Module):
@@ -99,6 +226,7 @@ class Attention(nnx.Module):
             cfg.param_jnp_dtype,
         )
         self.compute_dtype = cfg.compute_jnp_dtype
+        self.implementation = cfg.attention  # of the full (no-cache) forward
         # One draw from rngs per module: each draw is a traced state update, slow under eval_shape.
         key = rngs.params()
         # Hashable rope settings (not an array): the frequencies are trace-time constants.
@@ -119,15 +247,16 @@ class Attention(nnx.Module):
         self,
         x_btd: jax.Array,
         positions_bt: jax.Array,
-        mask_bts: jax.Array,
+        mask_bts: jax.Array | None = None,
         kv_cache: tuple[jax.Array, jax.Array] | None = None,
         cache_index: jax.Array | None = None,
+        segment_ids_bt: jax.Array | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """x [B, T, D] -> ([B, T, D], updated (k [B, K, H, S], v [B, K, S, H]) or None).
 
-        Without a cache, S = T and `mask_bts` covers the T new keys. With a cache, the new keys
-        and values are written at slots [cache_index, cache_index + T) and `mask_bts` covers all
-        S cache slots.
+        Without a cache, S = T and attention is causal within equal `segment_ids_bt` [B, T]
+        (see `attend`). With a cache, the new keys and values are written at slots
+        [cache_index, cache_index + T) and `mask_bts` covers all S cache slots.
         """
         cd = self.compute_dtype
         q_btnh = jnp.einsum("BTD,DNH->BTNH", x_btd, self.q_dnh[...].astype(cd))
@@ -158,7 +287,14 @@ class Attention(nnx.Module):
             k_bkhs = ax.constrain(k_bkhs, (ax.BATCH, ax.ACT_KV_HEADS, None, ax.CACHE_LENGTH))
             v_bksh = ax.constrain(v_bksh, (ax.BATCH, ax.ACT_KV_HEADS, ax.CACHE_LENGTH, None))
             new_cache = (k_bkhs, v_bksh)
-        out_btnh = attend(q_btnh, k_bkhs.astype(cd), v_bksh.astype(cd), mask_bts)
+        out_btnh = attend(
+            q_btnh,
+            k_bkhs.astype(cd),
+            v_bksh.astype(cd),
+            mask_bts=mask_bts,
+            segment_ids_bt=segment_ids_bt,
+            implementation=self.implementation,
+        )
         y_btd = jnp.einsum("BTNH,NHD->BTD", out_btnh, self.o_nhd[...].astype(cd))
         return y_btd, new_cache
 

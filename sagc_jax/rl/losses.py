@@ -9,6 +9,8 @@ The three objectives differ only in how per-token terms are aggregated:
 - ``constant`` (Dr. GRPO): sum over tokens divided by (sequences x max completion length).
 The normaliser is a whole-step quantity (:func:`loss_normalizer`), so summing the losses of
 mini-batches gives the loss of the full batch: gradient accumulation is exact.
+:func:`weighted_policy_loss` is the same objective on packed rows, the aggregation folded into
+per-token weights.
 """
 
 from __future__ import annotations
@@ -53,6 +55,37 @@ def kl_k3(logp_bt: jax.Array, ref_logp_bt: jax.Array) -> jax.Array:
     return jnp.exp(diff) - diff - 1.0
 
 
+def _token_terms(
+    logp_bt, old_logp_bt, adv_bt, mask_bt, eps_low, eps_high, kl_beta, ref_logp_bt
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """(per-token loss terms [B, T], per-token metrics as means over the unmasked tokens).
+
+    Off the mask the log-probs are replaced by values giving ratio 1 and KL 0, so a padding
+    position never turns a 0 weight into a NaN (0 x inf), in the value or the gradient.
+    """
+    live_bt = mask_bt > 0
+    logp_bt = jnp.where(live_bt, logp_bt, old_logp_bt)
+    ratio_bt = jnp.exp(logp_bt - old_logp_bt)
+    unclipped = ratio_bt * adv_bt
+    clipped = jnp.clip(ratio_bt, 1.0 - eps_low, 1.0 + eps_high) * adv_bt
+    per_token = -jnp.minimum(unclipped, clipped)
+    num_tokens = jnp.maximum(jnp.sum(mask_bt), 1.0)
+    metrics = {}
+    if kl_beta > 0.0:
+        if ref_logp_bt is None:
+            raise ValueError("kl_beta > 0 needs ref_logp_bt (log-probs of the reference policy)")
+        kl_bt = kl_k3(logp_bt, jnp.where(live_bt, ref_logp_bt, logp_bt))
+        per_token = per_token + kl_beta * kl_bt
+        metrics["kl"] = jnp.sum(kl_bt * mask_bt) / num_tokens
+    # tokens whose gradient the clip removed (the min picked the clipped, constant term)
+    high = (ratio_bt > 1.0 + eps_high) & (adv_bt > 0)
+    low = (ratio_bt < 1.0 - eps_low) & (adv_bt < 0)
+    is_clipped = (high | low) & live_bt
+    metrics["clip_fraction"] = jnp.sum(is_clipped) / num_tokens
+    metrics["ratio_mean"] = jnp.sum(ratio_bt * mask_bt) / num_tokens
+    return per_token, metrics
+
+
 def policy_loss(
     logp_bt: jax.Array,
     old_logp_bt: jax.Array,
@@ -78,20 +111,13 @@ def policy_loss(
       eps_low, eps_high: the ratio is clipped to ``[1 - eps_low, 1 + eps_high]`` (DAPO's
         clip-higher uses eps_high > eps_low).
       kl_beta: coefficient of the KL penalty; needs ``ref_logp_bt`` when > 0.
+
+    Metrics (kl, clip_fraction, ratio_mean) are means over the unmasked tokens.
     """
     mask_bt = mask_bt.astype(jnp.float32)
-    ratio_bt = jnp.exp(logp_bt - old_logp_bt)
-    adv_bt = adv_b[:, None]
-    unclipped = ratio_bt * adv_bt
-    clipped = jnp.clip(ratio_bt, 1.0 - eps_low, 1.0 + eps_high) * adv_bt
-    per_token = -jnp.minimum(unclipped, clipped)
-    metrics = {}
-    if kl_beta > 0.0:
-        if ref_logp_bt is None:
-            raise ValueError("kl_beta > 0 needs ref_logp_bt (log-probs of the reference policy)")
-        kl_bt = kl_k3(logp_bt, ref_logp_bt)
-        per_token = per_token + kl_beta * kl_bt
-        metrics["kl"] = jnp.sum(kl_bt * mask_bt) / jnp.maximum(jnp.sum(mask_bt), 1.0)
+    per_token, metrics = _token_terms(
+        logp_bt, old_logp_bt, adv_b[:, None], mask_bt, eps_low, eps_high, kl_beta, ref_logp_bt
+    )
     if aggregation == "seq_mean":
         tokens_b = jnp.sum(mask_bt, axis=1)
         per_seq = jnp.sum(per_token * mask_bt, axis=1) / jnp.maximum(tokens_b, 1.0)
@@ -100,11 +126,31 @@ def policy_loss(
         total = jnp.sum(per_token * mask_bt)
     else:
         raise ValueError(f"aggregation = {aggregation!r}; choose one of {list(AGGREGATIONS)}")
-    num_tokens = jnp.maximum(jnp.sum(mask_bt), 1.0)
-    # tokens whose gradient the clip removed (the min picked the clipped, constant term)
-    high = (ratio_bt > 1.0 + eps_high) & (adv_bt > 0)
-    low = (ratio_bt < 1.0 - eps_low) & (adv_bt < 0)
-    is_clipped = (high | low) & (mask_bt > 0)
-    metrics["clip_fraction"] = jnp.sum(is_clipped) / num_tokens
-    metrics["ratio_mean"] = jnp.sum(ratio_bt * mask_bt) / num_tokens
     return total / normalizer, metrics
+
+
+def weighted_policy_loss(
+    logp_bt: jax.Array,
+    old_logp_bt: jax.Array,
+    adv_bt: jax.Array,
+    mask_bt: jax.Array,
+    weight_bt: jax.Array,
+    normalizer: jax.Array,
+    *,
+    eps_low: float,
+    eps_high: float,
+    kl_beta: float = 0.0,
+    ref_logp_bt: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """:func:`policy_loss` with the aggregation folded into per-token weights (packed rows).
+
+    ``loss = sum(weight_bt * per_token_term) / normalizer``: seq_mean, token_mean and constant
+    differ only in the weights and the normaliser (see ``train.packing``), so the loss of any
+    split of the tokens sums to the loss of the whole. All arrays float32 [B, T] (B packed rows,
+    T tokens); ``adv_bt`` per token; ``mask_bt`` 1 where a completion token is scored. Metrics as
+    :func:`policy_loss`'s.
+    """
+    per_token, metrics = _token_terms(
+        logp_bt, old_logp_bt, adv_bt, mask_bt, eps_low, eps_high, kl_beta, ref_logp_bt
+    )
+    return jnp.sum(per_token * weight_bt) / normalizer, metrics

@@ -1,16 +1,20 @@
-"""Batched generation: one prefill over left-padded prompts, then a `lax.while_loop` of single-token
-decode steps over a KV cache that stops as soon as every row has produced an end-of-sequence token.
+"""Batched generation: one prefill over left-padded prompts, then single-token decode steps over a
+KV cache that stop as soon as every row has produced an end-of-sequence token.
 
-Compiled once per (batch, prompt bucket, max_new_tokens): the model is split into graphdef
-(static) and state (arrays), and temperature / top_p / top_k / the key are array arguments, so
-new prompts, seeds or sampling settings reuse the program. The cache buffer is donated and, by
-default, kept for the next call of the same shape.
+The decode loop runs in phases whose cache grows by `decode_chunk` slots (`phase_slots`): phase p
+is a `lax.while_loop` over a cache of prompt + min(chunk * (p + 1), max_new_tokens) slots, so a
+step at completion position t attends over about t slots, not the whole cache. Between phases the
+cache is padded with zeros to the next phase's size; once every row is done the remaining phases
+are skipped. The phases are unrolled in one trace, so there is one compiled program per (batch,
+prompt bucket, max_new_tokens); the cache lives inside that program only.
+
+The model is split into graphdef (static) and state (arrays), and temperature / top_p / top_k /
+the key are array arguments, so new prompts, seeds or sampling settings reuse the program.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -22,6 +26,9 @@ from flax import nnx
 from sagc_jax.models import Decoder, DecoderConfig, KVCache, init_cache
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.sampling.functions import sample_token
+
+AUTO_CHUNK_MIN = 32  # 'auto': at least this many slots per phase...
+AUTO_PHASES = 8  # ...and at most this many phases (each is one more loop body to compile)
 
 
 class SampleOutput(NamedTuple):
@@ -43,8 +50,9 @@ class SampleOutput(NamedTuple):
 
 
 class _Loop(NamedTuple):
+    """Decode-loop state carried across phases (the cache, whose size changes, travels apart)."""
+
     step: jax.Array  # index of the completion token the next iteration writes
-    cache: KVCache
     last_b: jax.Array
     tokens_bt: jax.Array
     logprobs_bt: jax.Array
@@ -52,15 +60,40 @@ class _Loop(NamedTuple):
     lengths_b: jax.Array
 
 
+def resolve_chunk(max_new_tokens: int, decode_chunk: int | str = "auto") -> int:
+    """Cache slots added per decode phase; 0 means one phase over the whole cache.
+
+    'auto' is max(AUTO_CHUNK_MIN, ceil(max_new_tokens / AUTO_PHASES)): short completions keep one
+    phase, long ones at most AUTO_PHASES (compile time grows with the number of phases).
+    """
+    if decode_chunk == "auto":
+        return max(AUTO_CHUNK_MIN, -(-max_new_tokens // AUTO_PHASES))
+    if isinstance(decode_chunk, bool) or not isinstance(decode_chunk, int) or decode_chunk < 0:
+        raise ValueError(f"decode_chunk={decode_chunk!r}; use an int >= 0 (0: one phase) or 'auto'")
+    return decode_chunk
+
+
+def phase_slots(max_new_tokens: int, chunk: int) -> tuple[int, ...]:
+    """Completion slots of the cache in each decode phase (the cache holds prompt + these).
+
+    Decode step s (1 <= s < max_new_tokens) writes token s - 1 at completion slot s - 1 and
+    samples token s, so a phase of n slots runs the steps up to n. chunk 0 (or one that covers
+    every step) gives a single phase of max_new_tokens slots: the whole cache in every step.
+    """
+    steps = max_new_tokens - 1
+    if chunk <= 0 or chunk >= steps:
+        return (max_new_tokens,)
+    return tuple(min(chunk * (p + 1), max_new_tokens) for p in range(-(-steps // chunk)))
+
+
 class Sampler:
     """Generates completions from a `Decoder` split as (graphdef, state).
 
     eos_ids: tokens that end a row (default: config.eos_ids); empty means never stop early.
     pad_id: the token written after a row's end (and expected in prompt padding).
-    keep_cache: keep the donated cache buffer for the next call of the same shape.
-    batch_sharding: optional `NamedSharding(mesh, P(axis))` splitting the rows across the
-        devices of `axis` (data parallel; `state` replicated). Each device then runs its own
-        decode loop and stops when its own rows are done; `num_decode_steps` is the maximum.
+    decode_chunk: cache slots added per decode phase (see the module docstring and
+        `resolve_chunk`); 0 attends over the whole cache in every step. Tokens do not depend
+        on it: the key of step s is fold_in(key, s) in every phase.
     plan, state_shardings: a `ShardingPlan` and the shardings of `state` (FSDP / tensor / data
         parallel, several processes): the program is jitted with those input and output
         shardings, rows split over the plan's batch axes, the KV cache over rows and KV heads.
@@ -75,41 +108,32 @@ class Sampler:
         *,
         eos_ids: Sequence[int] | None = None,
         pad_id: int = 0,
-        keep_cache: bool = True,
-        batch_sharding: jax.sharding.NamedSharding | None = None,
+        decode_chunk: int | str = "auto",
         plan: ShardingPlan | None = None,
         state_shardings=None,
     ):
-        if plan is not None and (batch_sharding is not None or state_shardings is None):
-            raise ValueError("Sampler: plan needs state_shardings and excludes batch_sharding")
+        if plan is not None and state_shardings is None:
+            raise ValueError("Sampler: plan needs state_shardings (e.g. plan.params(state))")
+        resolve_chunk(1, decode_chunk)  # raises early on a bad value
         self.graphdef = graphdef
         self.config = config
         self.eos_ids = tuple(config.eos_ids if eos_ids is None else eos_ids)
         self.pad_id = int(pad_id)
-        self.keep_cache = keep_cache
-        self.batch_sharding = batch_sharding
+        self.decode_chunk = decode_chunk
         self.plan = plan
         self.num_traces = 0  # incremented each time the generation program is traced
-        self._cache: KVCache | None = None
-        impl = self._generate_impl if batch_sharding is None else self._generate_per_shard
         jit_kw = {}
-        self._empty_cache = functools.partial(init_cache, config)
         self._decode_shardings = None
         if plan is not None and plan.mesh.shape["fsdp"] > 1:
             self._decode_shardings = plan.for_decoding(state_shardings)
         if plan is not None:
-            cache = plan.cache(jax.eval_shape(lambda: init_cache(config, plan.batch_shards, 1)))
             rows, scalar = plan.rows, plan.replicated
             jit_kw = dict(
-                in_shardings=(state_shardings, rows, cache, scalar, scalar, scalar, scalar),
-                out_shardings=(SampleOutput(rows, rows, rows, rows, scalar), cache),
-            )
-            # Allocated in place, already split: no full-size cache on one device first.
-            self._empty_cache = jax.jit(
-                self._empty_cache, static_argnums=(0, 1), out_shardings=cache
+                in_shardings=(state_shardings, rows, rows, scalar, scalar, scalar, scalar),
+                out_shardings=SampleOutput(rows, rows, rows, rows, scalar),
             )
         # max_new_tokens (last, static) is positional: jit takes no keywords with shardings.
-        self._generate = jax.jit(impl, static_argnums=(7,), donate_argnums=(2,), **jit_kw)
+        self._generate = jax.jit(self._generate_impl, static_argnums=(7,), **jit_kw)
 
     @classmethod
     def from_model(cls, model: Decoder, **kwargs) -> tuple[Sampler, nnx.State]:
@@ -122,28 +146,29 @@ class Sampler:
         shape). Counted per instance: the jit cache of a method is shared by all instances."""
         return self.num_traces
 
-    def release_cache(self) -> None:
-        self._cache = None
+    def empty_cache(self, batch: int, slots: int) -> KVCache:
+        """A zero cache of `slots` slots for `batch` rows, split as the plan says (rows and KV
+        heads), as the program allocates it for its first phase."""
+        return self._constrain(init_cache(self.config, batch, slots))
 
     def compile(self, state: nnx.State, batch: int, prompt_len: int, *, max_new_tokens: int):
         """Compiles the program for (batch, prompt_len, max_new_tokens) ahead of time, without
         running it; the next call of that shape reuses the executable (no recompile)."""
 
-        # Shapes with the shardings a real call has (they are part of the cache key).
-        def spec(x, sharding=None):
-            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+        # Shapes with the shardings a real call has (they are part of the cache key): an
+        # uncommitted array (one device, no plan) has none, or the call compiles once more.
+        def spec(x):
+            committed = self.plan is not None or getattr(x, "committed", False)
+            return jax.ShapeDtypeStruct(
+                x.shape, x.dtype, sharding=x.sharding if committed else None
+            )
 
-        cache = jax.eval_shape(lambda: init_cache(self.config, batch, prompt_len + max_new_tokens))
-        prompts = jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32)
-        if self.plan is not None:
-            # (scalars are passed uncommitted, as in a real call)
-            cache = jax.tree.map(spec, cache, self.plan.cache(cache)._replace(index=None))
-            prompts = spec(prompts, self.plan.rows)
+        rows = self.plan.rows if self.plan is not None else None
         self._generate.lower(
-            jax.tree.map(lambda x: spec(x, getattr(x, "sharding", None)), state),
-            prompts,
-            cache,
-            jax.random.key(0),
+            jax.tree.map(spec, state),
+            jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32, sharding=rows),
+            jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=rows),
+            jax.random.key(0),  # (scalars are passed uncommitted, as in a real call)
             jnp.float32(1.0),
             jnp.float32(1.0),
             jnp.int32(0),
@@ -170,43 +195,30 @@ class Sampler:
         """
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens}; must be >= 1")
-        if self.plan is None:
-            prompt_ids_bt = jnp.asarray(prompt_ids_bt, jnp.int32)
-        local_batch, prompt_len = prompt_ids_bt.shape
+        local_batch, prompt_len = np.shape(prompt_ids_bt)
         lens_b = np.asarray(prompt_lens_b, np.int32)
         if lens_b.shape != (local_batch,) or lens_b.min() < 1 or lens_b.max() > prompt_len:
             raise ValueError(
                 f"prompt_lens_b {lens_b.tolist()} must have shape ({local_batch},) and values in "
-                f"[1, {prompt_len}] for prompt_ids_bt of shape {tuple(prompt_ids_bt.shape)}"
+                f"[1, {prompt_len}] for prompt_ids_bt of shape {np.shape(prompt_ids_bt)}"
             )
-        start_b = np.asarray(prompt_len - lens_b, np.int32)
+        start_b = np.asarray(prompt_len - lens_b, np.int32)  # first cache slot of each row
         if self.plan is not None:  # this process's rows -> global arrays
             prompt_ids_bt, start_b = self.plan.global_rows(
                 (np.asarray(prompt_ids_bt, np.int32), start_b)
             )
-        shape = (prompt_ids_bt.shape[0], prompt_len + max_new_tokens)
-        cache = self._cache
-        if cache is None or (len(cache.start_b), cache.v_lbksh[0].shape[2]) != shape:
-            cache = self._empty_cache(*shape)
-        self._cache = None
-        # Stale keys/values from an earlier call are never read: slots before start_b and from
-        # index on are masked, and prefill rewrites every slot in between.
-        cache = cache._replace(start_b=jnp.asarray(start_b), index=jnp.zeros((), jnp.int32))
-        if self.batch_sharding is not None:
-            prompt_ids_bt, cache = self._place(prompt_ids_bt, cache)
-        out, cache = self._generate(
+        else:
+            prompt_ids_bt, start_b = jnp.asarray(prompt_ids_bt, jnp.int32), jnp.asarray(start_b)
+        return self._generate(
             state,
             prompt_ids_bt,
-            cache,
+            start_b,
             key,
             jnp.asarray(temperature, jnp.float32),
             jnp.asarray(top_p, jnp.float32),
             jnp.asarray(top_k, jnp.int32),
             max_new_tokens,
         )
-        if self.keep_cache:
-            self._cache = cache
-        return out
 
     def to_host(self, out: SampleOutput) -> SampleOutput:
         """``out`` as numpy, only this process's rows when the sampler has a plan."""
@@ -214,48 +226,23 @@ class Sampler:
             return self.plan.local_rows(out)
         return jax.device_get(out)
 
-    def _place(self, prompt_ids_bt: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
-        """Puts batch-leading arrays on `batch_sharding`, the cache index replicated."""
-        replicated = jax.sharding.NamedSharding(
-            self.batch_sharding.mesh, jax.sharding.PartitionSpec()
-        )
-        shardings = KVCache(
-            k_lbkhs=tuple(self.batch_sharding for _ in cache.k_lbkhs),
-            v_lbksh=tuple(self.batch_sharding for _ in cache.v_lbksh),
-            start_b=self.batch_sharding,
-            index=replicated,
-        )
-        return jax.device_put(prompt_ids_bt, self.batch_sharding), jax.device_put(cache, shardings)
+    def _constrain(self, cache: KVCache) -> KVCache:
+        if self.plan is None:
+            return cache
+        return jax.lax.with_sharding_constraint(cache, self.plan.cache(cache))
 
-    def _generate_per_shard(
-        self, state, prompt_ids_bt, cache, key, temperature, top_p, top_k, max_new_tokens
-    ):
-        """`_generate_impl` on each device's rows (shard_map): every device leaves its decode loop
-        when its own rows are done, with no cross-device sync per step. Each shard draws from
-        fold_in(key, shard index)."""
-        axis = self.batch_sharding.spec[0]
-        rows, replicated = jax.sharding.PartitionSpec(axis), jax.sharding.PartitionSpec()
-        cache_spec = KVCache(
-            k_lbkhs=tuple(rows for _ in cache.k_lbkhs),
-            v_lbksh=tuple(rows for _ in cache.v_lbksh),
-            start_b=rows,
-            index=replicated,
+    def _grow(self, cache: KVCache, slots: int) -> KVCache:
+        """`cache` padded with zero slots at the end up to `slots` (what the next phase uses;
+        slots from `index` on are masked, so their content is never read)."""
+        extra = slots - cache.v_lbksh[0].shape[2]
+        return self._constrain(
+            cache._replace(
+                k_lbkhs=tuple(jnp.pad(k, ((0, 0),) * 3 + ((0, extra),)) for k in cache.k_lbkhs),
+                v_lbksh=tuple(
+                    jnp.pad(v, ((0, 0),) * 2 + ((0, extra), (0, 0))) for v in cache.v_lbksh
+                ),
+            )
         )
-
-        def local(state, prompt_ids_bt, cache, key, temperature, top_p, top_k):
-            key = jax.random.fold_in(key, jax.lax.axis_index(axis))
-            args = (state, prompt_ids_bt, cache, key, temperature, top_p, top_k)
-            out, cache = self._generate_impl(*args, max_new_tokens)
-            return out._replace(num_decode_steps=out.num_decode_steps[None]), cache
-
-        out, cache = jax.shard_map(
-            local,
-            mesh=self.batch_sharding.mesh,
-            in_specs=(replicated, rows, cache_spec, replicated, replicated, replicated, replicated),
-            out_specs=(SampleOutput(rows, rows, rows, rows, rows), cache_spec),
-            check_vma=False,
-        )(state, prompt_ids_bt, cache, key, temperature, top_p, top_k)
-        return out._replace(num_decode_steps=jnp.max(out.num_decode_steps)), cache
 
     def _generate_impl(self, *args):
         self.num_traces += 1  # Python side effect: runs once per trace, never per call
@@ -263,7 +250,7 @@ class Sampler:
             return self._generate_traced(*args)
 
     def _generate_traced(
-        self, state, prompt_ids_bt, cache, key, temperature, top_p, top_k, max_new_tokens
+        self, state, prompt_ids_bt, start_b, key, temperature, top_p, top_k, max_new_tokens
     ):
         if self._decode_shardings is not None:
             # FSDP: gather the weights (in the compute dtype, which every use casts them to)
@@ -275,24 +262,26 @@ class Sampler:
                 self._decode_shardings,
             )
         model = nnx.merge(self.graphdef, state)
-        batch = prompt_ids_bt.shape[0]
+        batch, prompt_len = prompt_ids_bt.shape
+        slots_p = phase_slots(max_new_tokens, resolve_chunk(max_new_tokens, self.decode_chunk))
         eos_e = jnp.asarray(self.eos_ids, jnp.int32).reshape(-1)
 
         def is_eos(token_b):
             return jnp.any(token_b[:, None] == eos_e[None, :], axis=-1)
 
         def draw(logits_b1v, step):
+            # The key depends on the step only (not the phase): tokens do not depend on chunk.
             return sample_token(
                 logits_b1v[:, 0], jax.random.fold_in(key, step), temperature, top_p, top_k
             )
 
+        cache = self.empty_cache(batch, prompt_len + slots_p[0])._replace(start_b=start_b)
         logits_b1v, cache = model.apply_cached(prompt_ids_bt, cache, last_only=True)
         token_b, logprob_b = draw(logits_b1v, 0)
         tokens_bt = jnp.full((batch, max_new_tokens), self.pad_id, jnp.int32)
         logprobs_bt = jnp.zeros((batch, max_new_tokens), jnp.float32)
         init = _Loop(
             step=jnp.ones((), jnp.int32),
-            cache=cache,
             last_b=token_b,
             tokens_bt=tokens_bt.at[:, 0].set(token_b),
             logprobs_bt=logprobs_bt.at[:, 0].set(logprob_b),
@@ -300,17 +289,14 @@ class Sampler:
             lengths_b=jnp.ones((batch,), jnp.int32),
         )
 
-        def cond(s: _Loop):
-            return (s.step < max_new_tokens) & ~jnp.all(s.done_b)
-
-        def body(s: _Loop) -> _Loop:
-            logits_b1v, cache = model.apply_cached(s.last_b[:, None], s.cache)
+        def body(carry: tuple[KVCache, _Loop]) -> tuple[KVCache, _Loop]:
+            cache, s = carry
+            logits_b1v, cache = model.apply_cached(s.last_b[:, None], cache)
             token_b, logprob_b = draw(logits_b1v, s.step)
             token_b = jnp.where(s.done_b, self.pad_id, token_b)
             logprob_b = jnp.where(s.done_b, 0.0, logprob_b)
-            return _Loop(
+            return cache, _Loop(
                 step=s.step + 1,
-                cache=cache,
                 last_b=token_b,
                 tokens_bt=jax.lax.dynamic_update_slice(s.tokens_bt, token_b[:, None], (0, s.step)),
                 logprobs_bt=jax.lax.dynamic_update_slice(
@@ -320,15 +306,29 @@ class Sampler:
                 lengths_b=s.lengths_b + (~s.done_b).astype(jnp.int32),
             )
 
-        final = jax.lax.while_loop(cond, body, init)
-        out = SampleOutput(
+        def decode(phase: int, cache: KVCache, s: _Loop) -> _Loop:
+            """Phases phase, phase + 1, ... (Python recursion: unrolled in the trace)."""
+            stop = min(slots_p[phase] + 1, max_new_tokens)  # the steps this cache has slots for
+
+            def cond(carry):
+                return (carry[1].step < stop) & ~jnp.all(carry[1].done_b)
+
+            cache, s = jax.lax.while_loop(cond, body, (cache, s))
+            if phase + 1 == len(slots_p):
+                return s
+            grown = prompt_len + slots_p[phase + 1]
+            return jax.lax.cond(
+                jnp.all(s.done_b), lambda: s, lambda: decode(phase + 1, self._grow(cache, grown), s)
+            )
+
+        final = decode(0, cache, init)
+        return SampleOutput(
             tokens_bt=final.tokens_bt,
             logprobs_bt=final.logprobs_bt,
             lengths_b=final.lengths_b,
             truncated_b=~final.done_b,
             num_decode_steps=final.step - 1,
         )
-        return out, final.cache
 
 
 _SAMPLERS: dict = {}

@@ -12,16 +12,22 @@ from sagc_jax.train.rollout import generate
 
 
 def policy_sampler(
-    graphdef, model_config, tokenizer, keep_cache: bool = True, plan=None, state_shardings=None
+    graphdef,
+    model_config,
+    tokenizer,
+    plan=None,
+    state_shardings=None,
+    decode_chunk: int | str = "auto",
 ) -> Sampler:
     """A sampler of the policy that stops at the tokenizer's end token and pads with its pad
-    (on the mesh of ``plan`` when given, see `Sampler`)."""
+    (on the mesh of ``plan`` when given; ``decode_chunk``: ``sampling.decode_chunk``; see
+    `Sampler`)."""
     return Sampler(
         graphdef,
         model_config,
         eos_ids=(tokenizer.eos_id,),
         pad_id=tokenizer.pad_id,
-        keep_cache=keep_cache,
+        decode_chunk=decode_chunk,
         plan=plan,
         state_shardings=state_shardings,
     )

@@ -35,6 +35,12 @@ from sagc_jax.train.faults import StopRequest, crash_point, phase, resume_hint
 from sagc_jax.train.hooks import Hooks, itstime
 from sagc_jax.train.metrics import MetricsWriter
 from sagc_jax.train.optim import make_optimizer
+from sagc_jax.train.packing import (
+    pack_update_batch,
+    packed_rows_needed,
+    resolve_pack_len,
+    row_multiple,
+)
 from sagc_jax.train.policy import build_sharded_policy, build_tokenizer, load_run_params
 from sagc_jax.train.programs import PolicyPrograms, StateShardings, UpdateSettings, batch_spec
 from sagc_jax.train.report import read_metrics, summarize
@@ -51,6 +57,15 @@ RESUMABLE_CHANGES = (
     "train.max_nonfinite_steps",
     "logging.",
     "mesh.",  # checkpoints are restored into the new mesh's shardings
+    # how the same computation is laid out (results equal to float error)
+    "train.packing",
+    "train.pack_len",
+    "model.attention",
+    "sampling.decode_chunk",
+    # bounds that only cut pathological reward checks short
+    "data.math_timeout_s",
+    "data.math_batch_timeout_s",
+    "data.math_workers",
 )
 
 
@@ -185,16 +200,24 @@ class Trainer:
             self.ref_params = copy(self.params)
         self.scale_by_std = ALGORITHMS[cfg.loss.algorithm][1]
         self.settings = update_settings(cfg)
+        t = cfg.train
+        self.pack_len = resolve_pack_len(
+            t.pack_len, self.source.prompt_buckets, cfg.sampling.max_new_tokens
+        )
+        self.row_multiple = row_multiple(
+            t.minibatches, t.microbatches, self.plan.batch_shards, jax.process_count()
+        )
         shardings = StateShardings(
             param_shardings, opt_shardings, param_shardings if cfg.loss.kl_beta > 0 else None
         )
         self.programs = PolicyPrograms(self.graphdef, self.tx, self.plan, shardings)
         on_mesh = dict(plan=self.plan, state_shardings=param_shardings)
+        on_mesh["decode_chunk"] = cfg.sampling.decode_chunk
+        # two samplers, so that compiles/sampler counts the rollout programs only
         self.sampler = policy_sampler(self.graphdef, self.model_config, self.tokenizer, **on_mesh)
         self.eval_sampler = policy_sampler(
-            self.graphdef, self.model_config, self.tokenizer, keep_cache=False, **on_mesh
+            self.graphdef, self.model_config, self.tokenizer, **on_mesh
         )
-        t = cfg.train
         self.root_key = jax.random.key(t.seed)
         self.step = 0
         self.leader = is_leader()  # only process 0 writes logs and prints
@@ -304,7 +327,8 @@ class Trainer:
     def compile_ahead(self, log=print) -> None:
         """Compile the rollout and update programs of every candidate G now (one line per G).
 
-        Uses the prompt bucket of the step's first batch; other buckets compile on first use.
+        Uses the prompt bucket of the step's first batch; other buckets compile on first use,
+        and so does each packed update's row-count rung (it depends on the step's lengths).
         """
         cfg = self.cfg
         first = self.source.batch(self.step, 0, jax.process_count())  # one prompt per process
@@ -317,6 +341,9 @@ class Trainer:
             t0 = time.perf_counter()
             self.sampler.compile(self.params, n, bucket, max_new_tokens=new)
             t1 = time.perf_counter()
+            if cfg.train.packing:
+                log(f"compiled G={g} ({n} rollouts): rollout {t1 - t0:.1f} s")
+                continue
             # shaped and placed as a real batch: rows split over the mesh
             batch = batch_spec(n, bucket, new, self.plan.rows)
             self.programs.compile_update(
@@ -407,6 +434,7 @@ class Trainer:
         update_batch = self._update_batch(batch, adv)
         clock["packed"] = time.perf_counter()
         crash_point("update", self.step)
+        update_rows = len(update_batch["norm" if self.cfg.train.packing else "adv"])
         upd = self._update(update_batch, update_key)
         clock["updated"] = time.perf_counter()
         ctrl, lengths = self._observe(rounds, g)
@@ -417,6 +445,7 @@ class Trainer:
             batch,
             rounds,
             used_rounds,
+            update_rows=update_rows,
             rewards=rewards,
             zero_variance_p=zero_variance_p,
             upd=upd,
@@ -435,14 +464,16 @@ class Trainer:
         return np.asarray(adv, np.float32), np.asarray(stats["zero_variance_p"])
 
     def _update_batch(self, batch: Rollouts, adv: np.ndarray) -> dict[str, jax.Array]:
-        """The update's input: this process's rollouts as global arrays over the mesh."""
+        """The update's input as global arrays over the mesh: this process's rollouts packed
+        into the row-count rung every process agrees on (``train.packing``), or one padded row
+        per rollout."""
         mask = completion_mask(
             batch.lengths,
             batch.completion.shape[1],
             batch.truncated if self.cfg.loss.mask_truncated else None,
         )
-        return self.plan.global_rows(
-            {
+        if not self.cfg.train.packing:
+            padded = {
                 "prompt_ids": batch.prompt_ids,
                 "prompt_lens": batch.prompt_lens,
                 "completion": batch.completion,
@@ -450,7 +481,28 @@ class Trainer:
                 "mask": mask,
                 "adv": adv,
             }
+            return self.plan.global_rows(padded)
+        rows = packed_rows_needed(
+            batch.prompt_lens,
+            mask,
+            pack_len=self.pack_len,
+            multiple=self.row_multiple,
+            max_rows=len(batch.lengths),
         )
+        rows = int(gather_rows(np.array([rows])).max())  # one rung for every process
+        packed = pack_update_batch(
+            batch.prompt_ids,
+            batch.prompt_lens,
+            batch.completion,
+            batch.logprobs,
+            adv,
+            mask,
+            aggregation=self.settings.aggregation,
+            max_new_tokens=self.cfg.sampling.max_new_tokens,
+            pack_len=self.pack_len,
+            rows=rows,
+        )
+        return self.plan.global_rows(packed)
 
     def _update(self, update_batch: dict, key: jax.Array) -> dict[str, float]:
         """``epochs x minibatches`` optimizer updates; their metrics averaged."""
@@ -465,7 +517,19 @@ class Trainer:
         return self.controller.observe(lengths.reshape(-1, group_size)), lengths
 
     def _record(
-        self, g, batch, rounds, used_rounds, *, rewards, zero_variance_p, upd, ctrl, lengths, clock
+        self,
+        g,
+        batch,
+        rounds,
+        used_rounds,
+        *,
+        update_rows,
+        rewards,
+        zero_variance_p,
+        upd,
+        ctrl,
+        lengths,
+        clock,
     ) -> dict[str, Any]:
         """The step's metrics (one JSONL line), over every process's rows; ``clock`` holds the
         times the stages ended (``start``, ``sampled``, ``packed``, ``updated``, ``end``)."""
@@ -518,6 +582,7 @@ class Trainer:
             / max(t_update, 1e-9),
             "compiles/sampler": self.sampler.num_traces,
             "compiles/update": self.programs.compiled_programs()["update"],
+            "update_rows": update_rows,  # packed rows (or one per rollout, unpacked)
             **{f"update/{k}": v for k, v in upd.items()},
             "group_ratios": ctrl["group_ratios"],
             "lengths": lengths.reshape(-1, g),

@@ -20,15 +20,16 @@ import optax
 from flax import nnx
 from jax.sharding import AbstractMesh
 
-from sagc_jax.config import Config
+from sagc_jax.config import Config, ConfigError
 from sagc_jax.controller import make_controller
 from sagc_jax.models import Decoder, DecoderConfig
 from sagc_jax.models import axes as ax
 from sagc_jax.parallel import BATCH_AXES, MESH_AXES, RULES, mesh_shape
 from sagc_jax.tasks import CharTokenizer
 from sagc_jax.train.loop import make_trainer_optimizer, prompts_for, update_settings
+from sagc_jax.train.packing import resolve_pack_len
 from sagc_jax.train.policy import preset_architecture
-from sagc_jax.train.programs import batch_spec, rows_loss
+from sagc_jax.train.programs import batch_spec, packed_batch_spec, packed_rows_loss, rows_loss
 
 GIB = 1024**3
 
@@ -60,7 +61,11 @@ def architecture(cfg: Config) -> tuple[DecoderConfig, str]:
     if m.hf_checkpoint and (Path(m.hf_checkpoint) / "config.json").is_file():
         hf = json.loads((Path(m.hf_checkpoint) / "config.json").read_text())
         arch = DecoderConfig.from_hf_config(
-            hf, param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat
+            hf,
+            param_dtype=m.param_dtype,
+            compute_dtype=m.compute_dtype,
+            remat=m.remat,
+            attention=m.attention,
         )
         return arch, f"{m.hf_checkpoint}/config.json"
     source = f"preset {m.preset}"
@@ -90,6 +95,13 @@ def _tree_bytes(tree, logical_tree, mesh, rules=RULES) -> tuple[int, int]:
 
 
 def memory_plan(cfg: Config, num_devices: int) -> MemoryPlan:
+    """Per-device memory of ``cfg`` on ``num_devices``; its prompt buckets must be concrete
+    (``data.with_resolved_buckets`` turns ``auto`` into the data's)."""
+    if isinstance(cfg.sampling.prompt_buckets, str):
+        raise ConfigError(
+            "sagc-jax plan needs the prompt buckets: resolve sampling.prompt_buckets = auto "
+            "from the data first (data.with_resolved_buckets)"
+        )
     arch, source = architecture(cfg)
     sizes = mesh_shape(cfg.mesh, num_devices)
     mesh = AbstractMesh(tuple(sizes[a] for a in MESH_AXES), MESH_AXES)
@@ -142,24 +154,43 @@ def memory_plan(cfg: Config, num_devices: int) -> MemoryPlan:
     detail = f"G = {g}: {rows} rollouts x {slots} slots x {arch.num_layers} layers"
     items.append(Item("KV cache", detail, 2 * arch.num_layers * per_layer, total_cache))
 
+    # Packed rows: at most the padded row count (the ladder's top rung) of pack_len tokens.
     micro_rows = rows // (cfg.train.minibatches * cfg.train.microbatches)
     local_rows = max(1, micro_rows // batch_shards)
-    residual = _residual_bytes(cfg, graphdef, params, local_rows)
-    detail = f"remat {arch.remat}: {local_rows} of {micro_rows} microbatch rows x {slots} tokens"
+    width = _update_width(cfg)
+    residual = _residual_bytes(cfg, graphdef, params, local_rows, width)
+    layout = "packed" if cfg.train.packing else "padded"
+    detail = (
+        f"remat {arch.remat}: {local_rows} of {micro_rows} microbatch rows x {width} tokens "
+        f"({layout}, at most); attention {arch.attention} as resolved on this machine: einsum "
+        f"keeps each layer's [T, T] probabilities, cudnn / splash only per-row softmax statistics"
+    )
     items.append(Item("activations", detail, residual, residual * micro_rows // local_rows))
     return MemoryPlan(source, count, arch.param_dtype, sizes, items)
 
 
-def _residual_bytes(cfg: Config, graphdef, params, rows: int) -> int:
-    """Bytes the backward pass of the loss keeps for ``rows`` rollout rows (longest bucket)."""
+def _update_width(cfg: Config) -> int:
+    """Tokens per update row: the packed row length, or the longest bucket + max_new_tokens."""
+    buckets, new = cfg.sampling.prompt_buckets, cfg.sampling.max_new_tokens
+    if cfg.train.packing:
+        return resolve_pack_len(cfg.train.pack_len, buckets, new)
+    return max(buckets) + new
+
+
+def _residual_bytes(cfg: Config, graphdef, params, rows: int, width: int) -> int:
+    """Bytes the backward pass of the loss keeps for ``rows`` update rows of ``width`` tokens."""
     from jax._src.ad_checkpoint import saved_residuals  # what jax.ad_checkpoint prints
 
     settings = update_settings(cfg)
-    batch = batch_spec(rows, max(cfg.sampling.prompt_buckets), cfg.sampling.max_new_tokens)
+    if cfg.train.packing:
+        batch, chunk_loss = packed_batch_spec(rows, width), packed_rows_loss
+    else:
+        new = cfg.sampling.max_new_tokens
+        batch, chunk_loss = batch_spec(rows, width - new, new), rows_loss
     ref = params if settings.kl_beta > 0 else None
 
     def loss(p, b, r):
-        return rows_loss(graphdef, p, r, b, 1.0, settings)[0]
+        return chunk_loss(graphdef, p, r, b, 1.0, settings)[0]
 
     saved = saved_residuals(loss, params, batch, ref)
     return sum(

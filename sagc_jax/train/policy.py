@@ -39,7 +39,11 @@ def build_model(cfg: Config, tokenizer, seed: int) -> Decoder:
     m = cfg.model
     if m.hf_checkpoint:
         model, _ = load_hf_checkpoint(
-            m.hf_checkpoint, dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat
+            m.hf_checkpoint,
+            dtype=m.param_dtype,
+            compute_dtype=m.compute_dtype,
+            remat=m.remat,
+            attention=m.attention,
         )
         return model
     return Decoder(preset_architecture(cfg, tokenizer), rngs=nnx.Rngs(seed))
@@ -80,7 +84,12 @@ def preset_architecture(cfg: Config, tokenizer=None) -> DecoderConfig:
         arch: DecoderConfig = get_preset(m.preset)
     except (KeyError, ValueError) as err:
         raise ConfigError(f"model.preset = {m.preset!r}: {err}") from None
-    arch = arch.replace(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, remat=m.remat)
+    arch = arch.replace(
+        param_dtype=m.param_dtype,
+        compute_dtype=m.compute_dtype,
+        remat=m.remat,
+        attention=m.attention,
+    )
     if tokenizer is not None:
         eos = (tokenizer.eos_id,) if tokenizer.eos_id is not None else arch.eos_ids
         arch = arch.replace(bos_id=tokenizer.bos_id, eos_ids=eos)

@@ -1,9 +1,14 @@
 """The compiled programs of a GRPO step: completion log-probs and the policy update.
 
-Both are jitted once per input shape. The rollout batch of a step has ``prompts x G`` rows, so
-each candidate G gets its own program, compiled on first use (or ahead of time) and reused from
-the jit cache afterwards: changing G never recompiles after warm-up. ``compiled_programs()``
-reports the cache sizes so tests and logs can catch recompiles.
+Both are jitted once per input shape. The update takes one of two batches:
+- padded (``BATCH_KEYS``): one row per rollout, ``prompt_bucket + max_new_tokens`` wide, so
+  each candidate G (and prompt bucket) gets its own program;
+- packed (``PACKED_KEYS``, built by ``train.packing``): rollouts' real tokens laid end to end
+  in rows of a fixed length, the row count one rung of a ladder: one program per rung,
+  whatever G. The same loss, gradients and updates as the padded batch (with one mini-batch;
+  several mini-batches draw packed rows rather than rollouts at random).
+Programs compile on first use (or ahead of time) and are reused from the jit cache afterwards.
+``compiled_programs()`` reports the cache sizes so tests and logs can catch recompiles.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from flax import nnx
 
 from sagc_jax.models import axes as ax
 from sagc_jax.parallel import ShardingPlan
-from sagc_jax.rl import loss_normalizer, policy_loss
+from sagc_jax.rl import loss_normalizer, policy_loss, weighted_policy_loss
+from sagc_jax.train.packing import PACKED_KEYS
 
 
 def completion_logprobs(model, prompt_ids_bt, prompt_lens_b, completion_bt, temperature):
@@ -36,6 +42,38 @@ def completion_logprobs(model, prompt_ids_bt, prompt_lens_b, completion_bt, temp
     logits_btv = model(tokens_bt, mask_bt=real_bt)[:, p - 1 : -1]
     logp_btv = jax.nn.log_softmax(logits_btv / temperature, axis=-1)
     return jnp.take_along_axis(logp_btv, completion_bt[..., None], axis=-1)[..., 0]
+
+
+def packed_logprobs(model, tokens_bt, positions_bt, segment_ids_bt, temperature):
+    """float32 [B, T]: at position s, log p(tokens[s + 1] | its segment up to s), at
+    ``temperature`` (as :func:`completion_logprobs`). Packed rows (``train.packing``): only the
+    positions whose next token is a scored completion token of the same segment mean anything.
+    """
+    logits_btv = model(tokens_bt, positions_bt=positions_bt, segment_ids_bt=segment_ids_bt)
+    logp_btv = jax.nn.log_softmax(logits_btv / temperature, axis=-1)
+    next_bt = jnp.roll(tokens_bt, -1, axis=1)  # the last column's target is never scored
+    return jnp.take_along_axis(logp_btv, next_bt[..., None], axis=-1)[..., 0]
+
+
+def packed_rows_loss(graphdef, params, ref_params, rows: dict, normalizer, settings):
+    """(loss, metrics) of the policy ``params`` on a chunk of packed rows (``PACKED_KEYS``)."""
+    args = (rows["tokens"], rows["positions"], rows["segment_ids"], settings.temperature)
+    logp = packed_logprobs(nnx.merge(graphdef, params), *args)
+    ref_logp = None
+    if settings.kl_beta > 0:
+        ref_logp = jax.lax.stop_gradient(packed_logprobs(nnx.merge(graphdef, ref_params), *args))
+    return weighted_policy_loss(
+        logp,
+        rows["old_logp"],
+        rows["adv"],
+        rows["mask"],
+        rows["weight"],
+        normalizer,
+        eps_low=settings.eps_low,
+        eps_high=settings.eps_high,
+        kl_beta=settings.kl_beta,
+        ref_logp_bt=ref_logp,
+    )
 
 
 def rows_loss(graphdef, params, ref_params, rows: dict, normalizer, settings: UpdateSettings):
@@ -109,6 +147,17 @@ def batch_spec(rows: int, prompt_len: int, new_tokens: int, sharding=None) -> di
     return {k: jax.ShapeDtypeStruct(*v, sharding=sharding) for k, v in shapes.items()}
 
 
+def packed_batch_spec(rows: int, pack_len: int, sharding=None) -> dict:
+    """ShapeDtypeStructs of a packed update batch (``PACKED_KEYS``) of ``rows`` x ``pack_len``
+    (global rows: every process's rung together)."""
+    dtypes = {"tokens": jnp.int32, "positions": jnp.int32, "segment_ids": jnp.int32}
+    shapes = {k: (rows,) if k == "norm" else (rows, pack_len) for k in PACKED_KEYS}
+    return {
+        k: jax.ShapeDtypeStruct(shapes[k], dtypes.get(k, jnp.float32), sharding=sharding)
+        for k in PACKED_KEYS
+    }
+
+
 @dataclasses.dataclass(frozen=True)
 class StateShardings:
     """Where the trained state lives on the mesh (pytrees of ``NamedSharding``)."""
@@ -142,7 +191,7 @@ class PolicyPrograms:
             if shardings is None:
                 raise ValueError("PolicyPrograms with a ShardingPlan needs the state's shardings")
             rows, scalar = plan.rows, plan.replicated
-            batch = dict.fromkeys(BATCH_KEYS, rows)
+            batch = rows  # every entry of either batch (padded or packed): rows split
             update_kw = dict(
                 in_shardings=(
                     shardings.params,
@@ -190,11 +239,13 @@ class PolicyPrograms:
     ):
         """Runs ``epochs x minibatches`` optimizer updates on one rollout batch.
 
-        batch (``BATCH_KEYS``): prompt_ids [N, P], prompt_lens [N], completion [N, L], old_logp
-        [N, L] (rollout time), mask [N, L], adv [N]; numpy or (multi-process: must be) global
-        arrays. N must divide by minibatches x microbatches. Returns (params, opt_state, metrics
-        averaged over updates); an update whose loss or gradient is not finite is skipped and
-        counted in ``skipped``.
+        batch: padded (``BATCH_KEYS``): prompt_ids [N, P], prompt_lens [N], completion [N, L],
+        old_logp [N, L] (rollout time), mask [N, L], adv [N]; or packed (``PACKED_KEYS``, from
+        ``train.packing.pack_update_batch``): [R, pack_len] per token and norm [R]. Numpy or
+        (multi-process: must be) global arrays. N (R) must divide by minibatches x microbatches.
+        Returns (params, opt_state, metrics averaged over updates; per-token metrics are token
+        means over each update's rows); an update whose loss or gradient is not finite is
+        skipped and counted in ``skipped``.
         """
         return self._update(params, opt_state, ref_params, batch, key, settings)
 
@@ -211,19 +262,29 @@ class PolicyPrograms:
             return self._update_traced(params, opt_state, ref_params, batch, key, settings)
 
     def _update_traced(self, params, opt_state, ref_params, batch, key, settings: UpdateSettings):
-        n = batch["adv"].shape[0]
+        packed = "segment_ids" in batch
+        keys, chunk_loss = (PACKED_KEYS, packed_rows_loss) if packed else (BATCH_KEYS, rows_loss)
+        n = batch["mask"].shape[0]
         mb, micro = settings.minibatches, settings.microbatches
         mb_rows, micro_rows = n // mb, n // (mb * micro)
         # Every mini-batch is normalised by its share of the whole-batch denominator, so the
         # objective of one optimizer update is the full-batch loss restricted to its rows.
-        normalizer = loss_normalizer(batch["mask"], settings.aggregation, settings.max_new_tokens)
+        if packed:
+            normalizer = jnp.maximum(jnp.sum(batch["norm"]), 1.0)
+        else:
+            normalizer = loss_normalizer(
+                batch["mask"], settings.aggregation, settings.max_new_tokens
+            )
         normalizer = normalizer / mb
 
         def loss_fn(p, rows):
-            return rows_loss(self.graphdef, p, ref_params, rows, normalizer, settings)
+            loss, metrics = chunk_loss(self.graphdef, p, ref_params, rows, normalizer, settings)
+            # per-token means -> sums, so the update's metrics are means over all its tokens
+            tokens = jnp.sum(rows["mask"])
+            return loss, ({k: v * tokens for k, v in metrics.items()}, tokens)
 
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-        per_row = {k: batch[k] for k in BATCH_KEYS}
+        per_row = {k: batch[k] for k in keys}
 
         def one_update(carry, idx_r):
             params, opt_state = carry
@@ -242,7 +303,8 @@ class PolicyPrograms:
             if micro > 1:
                 rest = jax.tree.map(lambda x: x[1:], micro_rows_)
                 (loss, metrics, grads), _ = jax.lax.scan(accumulate, (loss, metrics, grads), rest)
-            metrics = jax.tree.map(lambda m: m / micro, metrics)  # per-token means: average
+            sums, tokens = metrics
+            metrics = {k: v / jnp.maximum(tokens, 1.0) for k, v in sums.items()}
             grad_norm = optax.tree.norm(grads)
             finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
             updates, new_opt_state = self.tx.update(grads, opt_state, params)

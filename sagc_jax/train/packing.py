@@ -1,0 +1,190 @@
+"""The packed update batch: a step's real tokens laid end to end in rows (host side, numpy only).
+
+The padded update runs on ``[rollouts, prompt_bucket + max_new_tokens]``, mostly padding. Here
+each rollout becomes one *segment*: its prompt without the left padding, then its completion up
+to its last unmasked token (later tokens predict nothing the loss uses). Segments are placed
+first-fit-decreasing into rows of ``pack_len`` tokens; attention stays inside a segment
+(``segment_ids``) and positions restart at 0 in each (as the padded path counts real tokens).
+
+Layout of the per-token arrays (``PACKED_KEYS``, all [R, pack_len] but ``norm`` [R]):
+  tokens       int32, the input tokens (0 on padding);
+  positions    int32, 0.. within each segment (0 on padding);
+  segment_ids  int32, 1..n in each row, 0 on padding;
+  mask, weight, old_logp, adv  float32, stored at the position of the token *before* the
+               completion token they score: position s carries the prediction of token s + 1
+               (its logits), so the update reads ``log_softmax(logits)[s, tokens[s + 1]]``
+               without shifting anything else;
+  norm         float32 [R], each row's share of the step's loss normaliser.
+
+The loss is ``sum(weight * per_token_term) / sum(norm)`` (``rl.weighted_policy_loss``): a plain
+sum over tokens, so it splits exactly over micro-batches, mini-batches, devices and processes,
+and the normaliser is summed over the global batch on the device (each process packs only its
+own rollouts). Per aggregation (``rl.loss_normalizer`` / ``rl.policy_loss``):
+  seq_mean (GRPO)     weight = mask / tokens of its sequence, norm = 1 per non-empty sequence;
+  token_mean (DAPO)   weight = mask,                          norm = tokens;
+  constant (Dr. GRPO) weight = mask,                          norm = max_new_tokens per rollout
+                      (fully masked rollouts included: they take no room but count here).
+
+Row counts come from a ladder (``row_ladder``) so the update compiles once per rung, whatever G.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from sagc_jax.config import ConfigError
+
+PACKED_KEYS = ("tokens", "positions", "segment_ids", "mask", "weight", "old_logp", "adv", "norm")
+AGGREGATIONS = ("seq_mean", "token_mean", "constant")
+
+
+def resolve_pack_len(pack_len: int, prompt_buckets, max_new_tokens: int) -> int:
+    """Tokens per packed row: ``pack_len``, or (0) the longest prompt bucket + max_new_tokens.
+
+    A fixed row length (not the step's bucket) keeps one program per rung; it must hold the
+    longest possible rollout, so a smaller ``pack_len`` is refused.
+    """
+    longest = max(prompt_buckets) + max_new_tokens
+    if pack_len == 0:
+        return longest
+    if pack_len < longest:
+        raise ConfigError(
+            f"train.pack_len = {pack_len} cannot hold the longest rollout (largest prompt bucket "
+            f"{max(prompt_buckets)} + sampling.max_new_tokens {max_new_tokens} = {longest}); "
+            f"use 0 (that length) or more"
+        )
+    return pack_len
+
+
+def row_multiple(minibatches: int, microbatches: int, batch_shards: int, processes: int = 1) -> int:
+    """The multiple every process's row count must be: the global rows (``processes`` x rung)
+    then divide into ``minibatches x microbatches`` chunks split over ``batch_shards``."""
+    whole = minibatches * microbatches * batch_shards
+    return whole // math.gcd(whole, processes)
+
+
+def row_ladder(multiple: int, max_rows: int, growth: float = 1.25) -> tuple[int, ...]:
+    """Row counts the packed update may use: ``multiple x ceil(growth ** k)`` below
+    ``max_rows`` (rounded up to ``multiple``), then that top rung. The lower rungs do not
+    depend on ``max_rows``, so every G shares them."""
+    if multiple < 1 or growth <= 1.0:
+        raise ValueError(
+            f"row_ladder needs multiple >= 1 and growth > 1 (got {multiple}, {growth})"
+        )
+    top = max(multiple, -(-max_rows // multiple) * multiple)
+    rungs, k = set(), 0
+    while (rung := multiple * math.ceil(growth**k - 1e-9)) < top:
+        rungs.add(rung)
+        k += 1
+    return tuple(sorted(rungs | {top}))
+
+
+def _extents(prompt_lens_b, mask_bl) -> tuple[np.ndarray, np.ndarray]:
+    """(completion tokens kept [B], segment lengths [B]): up to the last unmasked completion
+    token; 0 for a rollout with nothing to score (it is left out)."""
+    mask_bl = np.asarray(mask_bl)
+    prompt_lens_b = np.asarray(prompt_lens_b, np.int64)
+    live_bl = mask_bl != 0
+    kept_b = np.where(live_bl.any(axis=1), mask_bl.shape[1] - np.argmax(live_bl[:, ::-1], 1), 0)
+    if np.any((prompt_lens_b < 1) & (kept_b > 0)):
+        raise ValueError("packing needs at least one prompt token per rollout (prompt_lens >= 1)")
+    return kept_b, np.where(kept_b > 0, prompt_lens_b + kept_b, 0)
+
+
+def _first_fit_decreasing(sizes_b: np.ndarray, pack_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row [B], offset [B]) of every item of size > 0 (-1 for the empty ones): longest first,
+    equal sizes in index order, each into the first row with room. Rows used form a prefix."""
+    if np.any(sizes_b > pack_len):
+        b = int(np.argmax(sizes_b))
+        raise ValueError(
+            f"rollout {b} has {int(sizes_b[b])} tokens, more than pack_len = {pack_len}; raise "
+            f"train.pack_len"
+        )
+    row_b = np.full(len(sizes_b), -1, np.int64)
+    offset_b = np.zeros(len(sizes_b), np.int64)
+    free_r = np.full(max(1, int(np.count_nonzero(sizes_b))), pack_len, np.int64)
+    for b in np.lexsort((np.arange(len(sizes_b)), -sizes_b)):  # size descending, then index
+        if sizes_b[b] == 0:
+            break
+        r = int(np.argmax(free_r >= sizes_b[b]))  # one always fits: there are as many rows
+        row_b[b], offset_b[b] = r, pack_len - free_r[r]
+        free_r[r] -= sizes_b[b]
+    return row_b, offset_b
+
+
+def packed_rows_needed(
+    prompt_lens_b, mask_bl, *, pack_len: int, multiple: int, max_rows: int
+) -> int:
+    """The smallest rung of ``row_ladder(multiple, max_rows)`` that holds this process's
+    rollouts. Multi-process runs take the max over processes and pack every process into it.
+
+    prompt_lens_b: int [B] real prompt tokens; mask_bl: float [B, L] the loss mask (1 on scored
+    completion tokens, as ``rl.completion_mask``); max_rows: the padded row count (B).
+    """
+    _, sizes_b = _extents(prompt_lens_b, mask_bl)
+    row_b, _ = _first_fit_decreasing(sizes_b, pack_len)
+    used = int(row_b.max()) + 1 if len(row_b) else 0
+    return next(r for r in row_ladder(multiple, max_rows) if r >= used)
+
+
+def pack_update_batch(
+    prompt_ids_bp,
+    prompt_lens_b,
+    completion_bl,
+    old_logp_bl,
+    adv_b,
+    mask_bl,
+    *,
+    aggregation: str,
+    max_new_tokens: int,
+    pack_len: int,
+    rows: int,
+) -> dict[str, np.ndarray]:
+    """This process's rollouts packed into ``rows`` rows of ``pack_len`` tokens (``PACKED_KEYS``).
+
+    prompt_ids_bp: int [B, P] left-padded prompts (row b's prompt in its last prompt_lens_b[b]
+    columns); completion_bl: int [B, L]; old_logp_bl: float [B, L] rollout-time log-probs;
+    adv_b: float [B]; mask_bl: float [B, L] loss mask. ``rows`` comes from
+    ``packed_rows_needed`` (the max over processes); fewer rows than the packing needs raise.
+    Deterministic: the same inputs give the same arrays.
+    """
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation = {aggregation!r}; choose one of {list(AGGREGATIONS)}")
+    prompt_ids_bp = np.asarray(prompt_ids_bp)
+    prompt_lens_b = np.asarray(prompt_lens_b, np.int64)
+    mask_bl = np.asarray(mask_bl, np.float32)
+    kept_b, sizes_b = _extents(prompt_lens_b, mask_bl)
+    row_b, offset_b = _first_fit_decreasing(sizes_b, pack_len)
+    used = int(row_b.max()) + 1 if len(row_b) else 0
+    if used > rows:
+        raise ValueError(f"the rollouts need {used} packed rows but rows = {rows}")
+    shape = (rows, pack_len)
+    out = {k: np.zeros(shape, np.int32) for k in ("tokens", "positions", "segment_ids")}
+    out.update({k: np.zeros(shape, np.float32) for k in ("mask", "weight", "old_logp", "adv")})
+    norm_r = np.zeros(rows, np.float64)
+    p = prompt_ids_bp.shape[1]
+    segments_r = np.zeros(rows, np.int32)
+    placed = np.flatnonzero(sizes_b)
+    for b in placed[np.lexsort((offset_b[placed], row_b[placed]))]:  # ids grow along a row
+        r, start, pl, n = row_b[b], offset_b[b], prompt_lens_b[b], kept_b[b]
+        cols = slice(start, start + sizes_b[b])
+        segments_r[r] += 1
+        out["tokens"][r, cols] = np.concatenate([prompt_ids_bp[b, p - pl :], completion_bl[b, :n]])
+        out["positions"][r, cols] = np.arange(sizes_b[b])
+        out["segment_ids"][r, cols] = segments_r[r]
+        # completion token j is predicted at the position of the token before it
+        scored = slice(start + pl - 1, start + pl - 1 + n)
+        m = mask_bl[b, :n]
+        out["mask"][r, scored] = m
+        out["old_logp"][r, scored] = old_logp_bl[b, :n]
+        out["adv"][r, scored] = adv_b[b]
+        out["weight"][r, scored] = m / m.sum() if aggregation == "seq_mean" else m
+        norm_r[r] += {"seq_mean": 1.0, "token_mean": m.sum(), "constant": max_new_tokens}[
+            aggregation
+        ]
+    if aggregation == "constant":  # rollouts with nothing to score still count
+        norm_r[0] += max_new_tokens * int(np.sum(sizes_b == 0))
+    out["norm"] = norm_r.astype(np.float32)
+    return out

@@ -1,0 +1,379 @@
+"""Packed update: the host packer, segment-causal attention, and packed == padded for the loss,
+gradients and parameters (GRPO / DAPO / Dr. GRPO, KL, micro-batches, a mesh), one program per
+rung. ``python tests/test_packing.py mesh`` is the 8-simulated-device part (run in a subprocess).
+"""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from sagc_jax.models import Decoder, get_preset
+from sagc_jax.models.layers import _attend_dot_product, _attend_splash, attend, resolve_attention
+from sagc_jax.rl import completion_mask, loss_normalizer
+from sagc_jax.train.packing import (
+    PACKED_KEYS,
+    pack_update_batch,
+    packed_rows_needed,
+    resolve_pack_len,
+    row_ladder,
+    row_multiple,
+)
+from sagc_jax.train.programs import (
+    PolicyPrograms,
+    StateShardings,
+    UpdateSettings,
+    completion_logprobs,
+    packed_logprobs,
+    packed_rows_loss,
+    rows_loss,
+)
+
+P, L = 8, 8  # prompt bucket, max new tokens
+ALGOS = {"grpo": "seq_mean", "dapo": "token_mean", "dr_grpo": "constant"}
+
+
+def rollouts(n: int, seed: int = 0, drop: bool = True) -> dict:
+    """A padded update batch of ``n`` rollouts (some fully masked when ``drop``)."""
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(1, P + 1, n)
+    ids = np.zeros((n, P), np.int32)
+    for b, k in enumerate(lens):
+        ids[b, P - k :] = rng.integers(3, 64, k)
+    lengths = rng.integers(1, L + 1, n)
+    truncated = (rng.random(n) < 0.2) if drop else None
+    return {
+        "prompt_ids": ids,
+        "prompt_lens": lens.astype(np.int32),
+        "completion": rng.integers(3, 64, (n, L)).astype(np.int32),
+        "old_logp": rng.normal(-4.0, 0.3, (n, L)).astype(np.float32),
+        "mask": completion_mask(lengths, L, truncated),
+        "adv": rng.normal(size=n).astype(np.float32),
+    }
+
+
+def pack(b: dict, aggregation: str, rows: int, pack_len: int = P + L) -> dict:
+    return pack_update_batch(
+        b["prompt_ids"],
+        b["prompt_lens"],
+        b["completion"],
+        b["old_logp"],
+        b["adv"],
+        b["mask"],
+        aggregation=aggregation,
+        max_new_tokens=L,
+        pack_len=pack_len,
+        rows=rows,
+    )
+
+
+def settings(aggregation: str, kl_beta: float = 0.0, micro: int = 1) -> UpdateSettings:
+    return UpdateSettings(
+        aggregation=aggregation,
+        eps_low=0.2,
+        eps_high=0.28,
+        kl_beta=kl_beta,
+        temperature=0.9,
+        max_new_tokens=L,
+        microbatches=micro,
+    )
+
+
+# One layer (a leak across segments already shows there) and small widths: fast to compile.
+TINY = get_preset(
+    "tiny",
+    vocab_size=64,
+    num_layers=1,
+    hidden_size=32,
+    intermediate_size=64,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _init_params(seed: int):
+    return nnx.split(Decoder(TINY, rngs=nnx.Rngs(seed)))[1]
+
+
+def tiny_policy(seed: int = 0):
+    """(graphdef, params), initialised in one program (eager init compiles once per shape)."""
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: Decoder(TINY, rngs=nnx.Rngs(seed))))
+    return graphdef, _init_params(seed)
+
+
+# ---------------------------------------------------------------------- the packer
+
+
+def test_every_token_placed_once_with_its_segment_and_positions():
+    b = rollouts(13, seed=1)
+    out = pack(b, "seq_mean", rows=13, pack_len=20)
+    assert set(out) == set(PACKED_KEYS)
+    live = np.flatnonzero(b["mask"].sum(1) > 0)
+    found = []
+    for r in range(13):
+        seg_t = out["segment_ids"][r]
+        ids = [s for s in dict.fromkeys(seg_t.tolist()) if s]
+        assert ids == list(range(1, len(ids) + 1))  # 1..n along the row, contiguous
+        for s in ids:
+            cols = np.flatnonzero(seg_t == s)
+            assert np.all(np.diff(cols) == 1)
+            np.testing.assert_array_equal(out["positions"][r, cols], np.arange(len(cols)))
+            found.append((r, cols))
+        assert np.all(out["tokens"][r, seg_t == 0] == 0)
+    assert len(found) == len(live)
+    # each live rollout is exactly one segment: prompt (no padding), completion to its length
+    seqs = {tuple(out["tokens"][r, c]) for r, c in found}
+    for i in live:
+        n = int(b["mask"][i].sum())
+        want = np.concatenate(
+            [b["prompt_ids"][i, P - b["prompt_lens"][i] :], b["completion"][i, :n]]
+        )
+        assert tuple(want) in seqs
+    assert out["mask"].sum() == b["mask"].sum()
+    # completion token j scored at the token before it; seq_mean weights sum to 1 per rollout
+    np.testing.assert_allclose(out["weight"].sum(), len(live), rtol=1e-6)
+    assert out["norm"].sum() == len(live)
+    np.testing.assert_allclose(
+        np.sort(out["old_logp"][out["mask"] > 0]), np.sort(b["old_logp"][b["mask"] > 0])
+    )
+
+
+def test_packing_is_deterministic_and_normalisers_match():
+    b = rollouts(16, seed=2)
+    for agg in ALGOS.values():
+        one, two = pack(b, agg, rows=16), pack(b, agg, rows=16)
+        for k in PACKED_KEYS:
+            np.testing.assert_array_equal(one[k], two[k])
+    live = int((b["mask"].sum(1) > 0).sum())
+    assert pack(b, "token_mean", 16)["norm"].sum() == b["mask"].sum()
+    assert pack(b, "constant", 16)["norm"].sum() == 16 * L  # dropped rollouts still count
+    assert pack(b, "seq_mean", 16)["norm"].sum() == live
+
+
+def test_ladder_rungs_and_rows_needed():
+    ladder = row_ladder(4, 64)
+    assert ladder[0] == 4 and ladder[-1] == 64 and all(r % 4 == 0 for r in ladder)
+    assert row_ladder(4, 128)[: len(ladder) - 1] == ladder[:-1]  # lower rungs shared by every G
+    assert row_ladder(4, 30)[-1] == 32
+    assert row_multiple(1, 2, 8, processes=2) == 8
+    assert row_multiple(2, 1, 2) == 4
+    b = rollouts(32, seed=3, drop=False)
+    rows = packed_rows_needed(b["prompt_lens"], b["mask"], pack_len=P + L, multiple=4, max_rows=32)
+    assert rows in row_ladder(4, 32) and rows < 32
+    pack(b, "token_mean", rows)  # fits
+    smaller = [r for r in row_ladder(4, 32) if r < rows]
+    if smaller:
+        with pytest.raises(ValueError, match="packed rows"):
+            pack(b, "token_mean", smaller[-1])
+    # one long rollout per row: the top rung is the padded row count
+    full = {**b, "prompt_lens": np.full(32, P, np.int32), "mask": np.ones((32, L), np.float32)}
+    assert (
+        packed_rows_needed(
+            full["prompt_lens"], full["mask"], pack_len=P + L, multiple=4, max_rows=32
+        )
+        == 32
+    )
+    with pytest.raises(ValueError, match="pack_len"):
+        resolve_pack_len(10, (8,), L)
+    assert resolve_pack_len(0, (4, 8), L) == P + L
+
+
+# ---------------------------------------------------------------------- the model
+
+
+def test_segment_attention_paths_agree():
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.normal(size=(2, 16, 4, 8)), jnp.float32)
+    k = jnp.asarray(rng.normal(size=(2, 2, 8, 16)), jnp.float32)  # [B, K, H, S]
+    v = jnp.asarray(rng.normal(size=(2, 2, 16, 8)), jnp.float32)  # [B, K, S, H]
+    seg = jnp.asarray([[1] * 5 + [2] * 9 + [0] * 2, [1] * 16], jnp.int32)
+    einsum = attend(q, k, v, segment_ids_bt=seg)
+    # the cuDNN path's arguments, run by XLA's reference implementation on CPU
+    np.testing.assert_allclose(_attend_dot_product(q, k, v, seg, "xla"), einsum, atol=1e-5)
+    # segment 2 sees nothing of segment 1: equal to attending over it alone
+    alone = attend(q[:1, 5:14], k[:1, :, :, 5:14], v[:1, :, 5:14], segment_ids_bt=seg[:1, 5:14])
+    np.testing.assert_allclose(einsum[:1, 5:14], alone, atol=1e-5)
+    assert resolve_attention("auto", jnp.float32, 128, "cpu") == "einsum"
+    assert resolve_attention("auto", jnp.bfloat16, 100, "gpu") == "cudnn"
+    assert resolve_attention("auto", jnp.float32, 100, "gpu") == "einsum"
+    assert resolve_attention("auto", jnp.float32, 256, "tpu") == "splash"
+    assert resolve_attention("auto", jnp.float32, 100, "tpu") == "einsum"
+    with pytest.raises(ValueError, match="multiple of 128"):
+        attend(q, k, v, segment_ids_bt=seg, implementation="splash")
+
+
+def test_splash_kernel_in_interpret_mode_equals_einsum():
+    """The TPU path, run by the Pallas interpreter on CPU (128 tokens: one splash tile)."""
+    rng = np.random.default_rng(1)
+    q = jnp.asarray(rng.normal(size=(1, 128, 4, 8)), jnp.float32)
+    k = jnp.asarray(rng.normal(size=(1, 2, 8, 128)), jnp.float32)
+    v = jnp.asarray(rng.normal(size=(1, 2, 128, 8)), jnp.float32)
+    seg = jnp.asarray([[1] * 50 + [2] * 70 + [0] * 8], jnp.int32)
+    np.testing.assert_allclose(
+        _attend_splash(q, k, v, seg, interpret=True), attend(q, k, v, segment_ids_bt=seg), atol=1e-5
+    )
+
+
+def test_packed_logprobs_equal_padded_completion_logprobs():
+    graphdef, params = tiny_policy()
+    b = rollouts(8, seed=4, drop=False)
+    out = pack(b, "token_mean", rows=8)
+
+    @jax.jit
+    def both(params, b, out):
+        model = nnx.merge(graphdef, params)
+        padded = completion_logprobs(model, b["prompt_ids"], b["prompt_lens"], b["completion"], 0.9)
+        packed = packed_logprobs(model, out["tokens"], out["positions"], out["segment_ids"], 0.9)
+        return padded, packed
+
+    padded, logp = both(params, b, out)
+    live = out["mask"] > 0
+    # same values, rollout by rollout: compare through the old_logp field as a tag
+    tag = {float(x): i for i, x in enumerate(b["old_logp"].ravel())}
+    order = [tag[float(x)] for x in out["old_logp"][live]]
+    np.testing.assert_allclose(np.asarray(logp)[live], np.asarray(padded).ravel()[order], atol=1e-5)
+
+
+# ---------------------------------------------------------------------- packed == padded
+
+
+def test_loss_and_gradients_equal_padded_for_every_aggregation():
+    """grpo / dapo / dr_grpo (with KL): the padded loss of the whole batch against the packed
+    loss summed over two micro-batches of packed rows (rows c, c + 2, ...)."""
+    graphdef, params = tiny_policy()
+    b = rollouts(8, seed=5)
+    ref = jax.tree.map(lambda x: x + 0.01, params)
+    rows = packed_rows_needed(b["prompt_lens"], b["mask"], pack_len=P + L, multiple=2, max_rows=8)
+    packed = {agg: pack(b, agg, rows) for agg in ALGOS.values()}
+
+    @jax.jit
+    def both(params, ref, b, packed):
+        out = {}
+        for agg in ALGOS.values():
+            s = settings(agg, kl_beta=0.05 if agg == "constant" else 0.0)
+            norm = loss_normalizer(b["mask"], agg, L)
+            norm_packed = jnp.maximum(jnp.sum(packed[agg]["norm"]), 1.0)
+
+            def padded_loss(p, s=s, norm=norm):
+                return rows_loss(graphdef, p, ref, b, norm, s)
+
+            def packed_loss(p, s=s, norm=norm_packed, batch=packed[agg]):
+                losses = [
+                    packed_rows_loss(
+                        graphdef, p, ref, jax.tree.map(lambda x, c=c: x[c::2], batch), norm, s
+                    )[0]
+                    for c in range(2)
+                ]
+                return losses[0] + losses[1], None
+
+            (l1, _), g1 = jax.value_and_grad(padded_loss, has_aux=True)(params)
+            (l2, _), g2 = jax.value_and_grad(packed_loss, has_aux=True)(params)
+            out[agg] = (l1, g1), (l2, g2)
+        return out
+
+    for agg, ((l1, g1), (l2, g2)) in both(params, ref, b, packed).items():
+        np.testing.assert_allclose(l2, l1, rtol=1e-5, atol=1e-6, err_msg=agg)
+        for x, y in zip(jax.tree.leaves(g2), jax.tree.leaves(g1), strict=True):
+            np.testing.assert_allclose(x, y, atol=1e-5, err_msg=agg)
+
+
+def test_update_equals_padded_with_kl_and_microbatches():
+    """One update of two micro-batches (GRPO, KL): metrics and parameters, packed vs padded."""
+    graphdef, params = tiny_policy()
+    b = rollouts(8, seed=6)
+    rows = packed_rows_needed(b["prompt_lens"], b["mask"], pack_len=P + L, multiple=2, max_rows=8)
+    packed = pack(b, "seq_mean", rows)
+    s = settings("seq_mean", kl_beta=0.05, micro=2)
+    ref = jax.tree.map(lambda x: x + 0.01, params)
+    # plain SGD at rate 1: the parameter change is the (accumulated) gradient itself
+    tx = optax.sgd(1.0)
+    programs = PolicyPrograms(graphdef, tx)
+    key = jax.random.key(0)
+    copy = lambda t: jax.tree.map(jnp.copy, t)  # noqa: E731  (the update donates its inputs)
+    p1, _, u1 = programs.update(copy(params), tx.init(params), b, key, s, ref)
+    p2, _, u2 = programs.update(copy(params), tx.init(params), packed, key, s, ref)
+    assert set(u1) == set(u2) >= {"loss", "grad_norm", "kl", "clip_fraction", "ratio_mean"}
+    for k in u1:  # loss, gradient norm and the per-token metrics
+        np.testing.assert_allclose(u2[k], u1[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    for x, y in zip(jax.tree.leaves(p2), jax.tree.leaves(p1), strict=True):
+        np.testing.assert_allclose(x, y, atol=1e-5)
+
+
+def test_one_update_program_per_rung():
+    graphdef, params = tiny_policy()
+    tx = optax.sgd(0.1)
+    programs = PolicyPrograms(graphdef, tx)
+    s = settings("token_mean")
+    opt_state = tx.init(params)
+    rungs = []
+    for i, (prompts, g) in enumerate([(2, 2), (2, 8), (1, 4), (2, 4), (1, 8), (2, 2)]):
+        b = rollouts(prompts * g, seed=10 + i)
+        rows = packed_rows_needed(
+            b["prompt_lens"], b["mask"], pack_len=P + L, multiple=2, max_rows=prompts * g
+        )
+        rungs.append(rows)
+        batch = pack(b, "token_mean", rows)
+        params, opt_state, _ = programs.update(params, opt_state, batch, jax.random.key(i), s)
+    assert programs.compiled_programs()["update"] == len(set(rungs)) < 6
+
+
+# ---------------------------------------------------------------------- on a mesh
+
+
+def test_packed_equals_padded_on_a_mesh():
+    tests = Path(__file__).parent
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env["PYTHONPATH"] = os.pathsep.join([str(tests.parent), str(tests)])
+    out = subprocess.run(
+        [sys.executable, __file__, "mesh"], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["devices"] == 4
+    assert result["loss_diff"] < 1e-5 and result["param_diff"] < 1e-5, result
+
+
+def _mesh_main() -> None:
+    """(data 2, fsdp 2): one GRPO update of two micro-batches, padded vs packed."""
+    from sagc_jax.config import MeshConfig
+    from sagc_jax.parallel import ShardingPlan
+
+    plan = ShardingPlan.from_config(MeshConfig(2, 2, 1), jax.devices()[:4])
+    graphdef, params = tiny_policy()
+    param_sh = plan.params(params)
+    params = jax.device_put(params, param_sh)
+    tx = optax.sgd(1.0)
+    opt_sh = plan.opt_state(tx, jax.eval_shape(tx.init, params), param_sh)
+    programs = PolicyPrograms(graphdef, tx, plan, StateShardings(param_sh, opt_sh))
+    s = settings("seq_mean", micro=2)
+    b = rollouts(16, seed=7)
+    multiple = row_multiple(1, 2, plan.batch_shards)
+    rows = packed_rows_needed(
+        b["prompt_lens"], b["mask"], pack_len=P + L, multiple=multiple, max_rows=16
+    )
+    results = []
+    for batch in (b, pack(b, "seq_mean", rows)):
+        state = jax.tree.map(jnp.copy, params)
+        opt_state = jax.jit(tx.init, out_shardings=opt_sh)(state)
+        new, _, metrics = programs.update(
+            state, opt_state, plan.global_rows(batch), jax.random.key(0), s
+        )
+        results.append((float(metrics["loss"]), jax.tree.leaves(jax.device_get(new))))
+    (l1, p1), (l2, p2) = results
+    diff = max(float(np.max(np.abs(x - y))) for x, y in zip(p1, p2, strict=True))
+    print(json.dumps({"devices": plan.mesh.size, "loss_diff": abs(l1 - l2), "param_diff": diff}))
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["mesh"]:
+    _mesh_main()
