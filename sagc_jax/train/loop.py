@@ -306,10 +306,7 @@ class Trainer:
             "step": self.step,
             "controller": self.controller.state_dict(),
             "config": to_dict(self.cfg),
-            "data": {"next_step": self.step},
-            "rng": np.asarray(jax.random.key_data(self.root_key)),
             "last_eval": self.last_eval,
-            "has_opt_state": True,
             "processes": jax.process_count(),
         }
         items = {"params": self.params, "opt_state": self.opt_state}

@@ -1,6 +1,6 @@
-"""The compiled programs of a GRPO step: completion log-probs and the policy update.
+"""The compiled policy update of a GRPO step, and the log-probability functions it uses.
 
-Both are jitted once per input shape. The update takes one of two batches:
+The update is jitted once per input shape and takes one of two batches:
 - padded (``BATCH_KEYS``): one row per rollout, ``prompt_bucket + max_new_tokens`` wide, so
   each candidate G (and prompt bucket) gets its own program;
 - packed (``PACKED_KEYS``, built by ``train.packing``): rollouts' real tokens laid end to end
@@ -186,7 +186,7 @@ class PolicyPrograms:
         self.graphdef = graphdef
         self.tx = tx
         self.plan = plan
-        update_kw, logprobs_kw = {}, {}
+        update_kw = {}
         if plan is not None:
             if shardings is None:
                 raise ValueError("PolicyPrograms with a ShardingPlan needs the state's shardings")
@@ -202,17 +202,13 @@ class PolicyPrograms:
                 ),
                 out_shardings=(shardings.params, shardings.opt_state, scalar),
             )
-            logprobs_kw = dict(
-                in_shardings=(shardings.params, rows, rows, rows, scalar), out_shardings=rows
-            )
         # settings (last, static) is positional: jit takes no keywords with shardings.
         self._update = jax.jit(
             self._update_impl, static_argnums=(5,), donate_argnums=(0, 1), **update_kw
         )
-        self._logprobs = jax.jit(self._logprobs_impl, **logprobs_kw)
         # Python side effects in the traced functions count traces of *this* instance (a jit
         # cache of a method is shared by every instance of the class).
-        self.traces = {"update": 0, "logprobs": 0}
+        self.traces = {"update": 0}
 
     def compiled_programs(self) -> dict[str, int]:
         """Programs traced (each one compiled) so far, per program of this instance."""
@@ -220,19 +216,6 @@ class PolicyPrograms:
 
     def _rules(self):
         return self.plan.activate() if self.plan is not None else contextlib.nullcontext()
-
-    def logprobs(self, params, prompt_ids_bt, prompt_lens_b, completion_bt, temperature):
-        return self._logprobs(
-            params, prompt_ids_bt, prompt_lens_b, completion_bt, jnp.float32(temperature)
-        )
-
-    def _logprobs_impl(self, params, prompt_ids_bt, prompt_lens_b, completion_bt, temperature):
-        self.traces["logprobs"] += 1
-        with self._rules():
-            model = nnx.merge(self.graphdef, params)
-            return completion_logprobs(
-                model, prompt_ids_bt, prompt_lens_b, completion_bt, temperature
-            )
 
     def update(
         self, params, opt_state, batch: dict, key, settings: UpdateSettings, ref_params=None
