@@ -2,62 +2,126 @@
 
 Both sides do the same work each step, on the same model: a random Llama (vocab 512, hidden 256,
 mlp 688, 4 layers, 8 heads, 4 kv heads, head dim 32, tied embeddings; about 3M parameters, float32,
-no rematerialisation), 8 prompts of 16 tokens x G = 8 completions of exactly 128 tokens (no
-end-of-sequence stop), temperature 1, no top-k/top-p, a cheap reward (the fraction of even token
-ids in the completion, so advantages are not all zero), group advantages scaled by the group std,
-PPO-clip loss with eps 0.2 and a per-sequence token mean (TRL `loss_type="grpo"`, sagc_jax
-`aggregation="seq_mean"`), beta = 0 (no reference model, no KL), one AdamW update per step
-(learning rate 1e-6, constant schedule, global-norm clip 1.0, no weight decay).
+no rematerialisation), initialised once by transformers and loaded into sagc_jax from a local
+checkpoint (`load_hf_checkpoint`), so both sides sample from identical weights; `--prompts` prompts
+of 16 tokens x G = `--group` completions (default 8 x 8), temperature 1, no top-k/top-p, a cheap
+reward (the fraction of even token ids in the completion, so advantages are not all zero), group
+advantages scaled by the group std, PPO-clip loss with eps 0.2 and a per-sequence token mean (TRL
+`loss_type="grpo"`, sagc_jax `aggregation="seq_mean"`), beta = 0 (no reference model, no KL), one
+AdamW update per step (learning rate 1e-6, constant schedule, global-norm clip 1.0, no weight
+decay).
 
-  * sagc_jax: its lower-level API, as `Trainer.train_step` uses it: `Sampler` (`eos_ids=()`) ->
-    rewards -> `group_advantages`, `completion_mask` -> `PolicyPrograms.update`; the step ends
-    with `jax.device_get` of the update metrics, so the timed work has finished. Log-probs for
-    the ratio come from the sampler. With `--mesh-data N` both programs run data parallel on a
-    `ShardingPlan` over N XLA host devices (`--xla_force_host_platform_device_count=N`: the
-    cores split between N device threads pools instead of one), as `mesh.data: N` would.
+Workloads (`--workload`):
+  * forced (default): every completion has exactly `--max-new-tokens` (default 128) tokens; the
+    end-of-sequence token does not stop either side (sagc_jax `eos_ids=()`, TRL
+    `min_new_tokens`).
+  * long-tail: completions stop at the end-of-sequence token, within a cap of `--max-new-tokens`
+    (default 512). The random model alone would almost never end (EOS probability about 1/512
+    per token), so before either side sees the weights it gets a constant EOS logit bias, built
+    from the weights alone (`add_eos_bias`: a residual channel that holds a constant no layer
+    reads or writes, and an EOS embedding row that is larger there), sized by bisection on a
+    teacher-forced probe of random tokens so that the expected length is `--mean-length`
+    (default 60) under the cap; the hazard is then about the same at every position, so lengths
+    are roughly geometric. Each side reports the lengths it actually sampled (the sides sample
+    independently, so their lengths differ per sample, not in distribution). Both sides end a
+    rollout when every row has ended; TRL's update then runs over rows padded to the longest
+    completion, sagc_jax's over its update batch (packed or padded, below).
+
+  * sagc_jax: its trainer's paths, as `Trainer.train_step` uses them: `Sampler` -> rewards ->
+    `group_advantages`, `completion_mask` -> the update batch -> `PolicyPrograms.update`; the step
+    ends with `jax.device_get` of the update metrics, so the timed work has finished. Log-probs
+    for the ratio come from the sampler. With `--packing` (default, as `train.packing: true`) the
+    update runs on the rollouts' real tokens packed into rows of prompt + max-new-tokens
+    (`train.packing.pack_update_batch`, the row count a rung of its ladder); `--no-packing`: one
+    padded row per rollout. With `--mesh-data N` both programs run data parallel on a
+    `ShardingPlan` over N XLA host devices (`--xla_force_host_platform_device_count=N`), as
+    `mesh.data: N` would.
   * TRL: `GRPOTrainer.train()` on a CPU torch model (`use_cpu=True`, `bf16=False`,
-    `gradient_checkpointing=False`, per-device batch 64 = 8 prompts x `num_generations=8`,
+    `gradient_checkpointing=False`, per-device batch = prompts x `num_generations`,
     `gradient_accumulation_steps=1`, `num_iterations=1`, so the old log-probs are the detached
-    current ones and no extra forward is run), generation through `transformers.generate` with
-    `min_new_tokens=128` so every row runs to 128 tokens. The tokenizer is a local word-level one
-    (token i is the word `t<iii>`), so nothing is downloaded. A step is the wall time between two
-    consecutive `on_step_end` callbacks: batch fetch, generation, reward, loss, backward and the
-    optimizer step.
+    current ones and no extra forward is run), generation through `transformers.generate`. The
+    tokenizer is a local word-level one (token i is the word `t<iii>`), so nothing is downloaded.
+    A step is the wall time between two consecutive `on_step_end` callbacks: batch fetch,
+    generation, reward, loss, backward and the optimizer step.
 
-The figure per side is "rollout tokens per second of the whole step": 8 x 8 x 128 = 8192
-generated tokens divided by the mean wall time of a step. `--warmup` steps per side run first
-and are not timed (for sagc_jax they include compiling the sampler and update programs, reported
-as "compile" = the warm-up time minus `--warmup` x the mean timed step); then `--steps` steps
-are timed.
-The two systems run one after the other in the same process. torch runs with
-`torch.set_num_threads(--threads)` (default: every core this process may use); JAX runs on its
-default CPU device as it is (XLA's own thread pool). The last line is the comparable one.
+The figure per side is "generated tokens per second of the whole step": the completion tokens
+that side sampled in the timed steps (end-of-sequence token included; forced: prompts x G x
+max-new-tokens per step) divided by their wall time. The last line prints both and their ratio,
+sagc-jax over TRL (above 1: sagc-jax is faster). `--warmup` steps per side run first and are not
+timed. sagc_jax's programs are compiled ahead of their first use (the sampler before the first
+step, the update whenever a step needs a new batch shape, e.g. a new packed row count) and that
+time is reported as "compile", outside the steps. The two systems run one after the other in the
+same process. torch runs with `torch.set_num_threads(--threads)` (default: every core this
+process may use); JAX runs on its default CPU device as it is (XLA's own thread pool).
 
 Run it on a quiet machine: the load average before and after is printed. Under contention
 torch's OpenMP threads wait on preempted partners and `generate` slows down by an order of
 magnitude at 2 threads on 2 busy cores (measured: 55 s against 2.9 s at 1 thread), while XLA's
 thread pool degrades gracefully, so a loaded machine inflates the ratio.
 
-    .venv/bin/pip install trl==1.16.0   # once; keeps torch, transformers as they are
-    .venv/bin/python benchmarks/grpo_step.py [--steps 3] [--warmup 1] [--threads N]
+    .venv/bin/pip install -e '.[bench]'   # once: trl
+    .venv/bin/python benchmarks/grpo_step.py [--workload forced|long-tail] [--steps 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
 import time
 import warnings
 
-PROMPTS, GROUP, PROMPT_LEN, NEW_TOKENS = 8, 8, 16, 128
+PROMPT_LEN = 16
 VOCAB, PAD, BOS, EOS = 512, 0, 1, 2
 LEARNING_RATE, EPS = 1e-6, 0.2
+DEFAULT_NEW_TOKENS = {"forced": 128, "long-tail": 512}
+# long-tail: the residual channel that carries the EOS bias, and its constant value (about 5x the
+# norm of the rest of the residual of this random model, so the feature varies by about 1%)
+BIAS_DIM, BIAS_VALUE = 0, 2.0
+
+
+def _packing_available() -> bool:
+    from sagc_jax.config import TrainConfig
+
+    return "packing" in {f.name for f in dataclasses.fields(TrainConfig)}
 
 
 def _parse():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--workload",
+        choices=("forced", "long-tail"),
+        default="forced",
+        help="forced: every completion runs to --max-new-tokens; long-tail: completions end at "
+        "EOS, lengths roughly geometric with mean --mean-length (see below)",
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=0,
+        help="completion cap (default: 128 forced, 512 long-tail)",
+    )
+    parser.add_argument(
+        "--mean-length",
+        type=float,
+        default=60.0,
+        help="long-tail: the expected completion length the EOS logit is tuned for",
+    )
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
+    parser.add_argument("--group", type=int, default=8, help="completions per prompt (G)")
+    parser.add_argument(
+        "--packing",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="sagc-jax updates on packed rows (train.packing); default: on where the trainer "
+        "has it",
+    )
     parser.add_argument("--steps", type=int, default=3, help="timed steps per system")
     parser.add_argument("--warmup", type=int, default=1, help="untimed first steps per system")
     parser.add_argument(
@@ -69,7 +133,19 @@ def _parse():
     )
     args = parser.parse_args()
     if args.steps < 1 or args.warmup < 1:
-        parser.error("--steps and --warmup must be >= 1 (the first step compiles)")
+        parser.error("--steps and --warmup must be >= 1 (the first step is not timed)")
+    if args.prompts < 1 or args.group < 2:
+        parser.error("--prompts must be >= 1 and --group >= 2 (advantages need a group)")
+    args.max_new_tokens = args.max_new_tokens or DEFAULT_NEW_TOKENS[args.workload]
+    if args.workload == "long-tail" and not 1 < args.mean_length < args.max_new_tokens:
+        parser.error(
+            f"--mean-length {args.mean_length} must lie between 1 and --max-new-tokens "
+            f"{args.max_new_tokens}"
+        )
+    available = _packing_available()
+    if args.packing and not available:
+        parser.error("--packing: this checkout of sagc_jax has no train.packing")
+    args.packing = available if args.packing is None else args.packing
     return args
 
 
@@ -82,71 +158,218 @@ def reward_b(completion_bt) -> list[float]:
     return [sum(1 for t in row if t % 2 == 0) / max(len(row), 1) for row in completion_bt]
 
 
-def run_sagc(prompts_pt, args) -> tuple[list[float], float]:
-    """(timed step seconds, warm-up seconds) of sagc_jax's rollout + reward + update."""
+@dataclasses.dataclass
+class Timing:
+    """One side's timed steps: wall seconds and completion tokens (EOS included) per step."""
+
+    step_s: list[float]
+    tokens: list[int]
+    lengths: list[int]  # every timed completion's length
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(self.tokens) / sum(self.step_s)
+
+    @property
+    def mean_step_s(self) -> float:
+        return sum(self.step_s) / len(self.step_s)
+
+    @property
+    def mean_length(self) -> float:
+        return sum(self.lengths) / len(self.lengths)
+
+
+def add_eos_bias(model, mean_length: float, max_new_tokens: int, seed: int) -> tuple:
+    """Gives `model` (a tied-embedding Llama) a constant EOS logit bias, so that completions end
+    after about `mean_length` tokens (EOS included) under a cap of `max_new_tokens`.
+
+    Llama has no output bias, so one is built from a constant feature: residual channel BIAS_DIM
+    holds BIAS_VALUE for every token (embedding column), no layer reads it (the attention and MLP
+    input-norm scales are 0 there) or writes it (that row of o_proj and down_proj is 0). After
+    the final norm it is BIAS_VALUE / rms(residual), nearly the same at every position (the rest
+    of the residual is small next to it), so every logit gets the same shift (no effect) except
+    EOS, whose embedding carries BIAS_VALUE + b there: its logit rises by b * h[BIAS_DIM]. b is
+    found by bisection on a teacher-forced probe of random tokens: with hazard p_bt the EOS
+    probability at completion step t, E[length] = 1 + sum_{t < cap - 1} prod_{s <= t}(1 - p_bs),
+    exact on the probe since only the EOS logit moves (the probe holds no EOS).
+    Returns (the mean EOS logit raise, the probe's expected length).
+    """
+    import torch
+
+    with torch.no_grad():
+        embed_vd = model.model.embed_tokens.weight
+        assert model.lm_head.weight.data_ptr() == embed_vd.data_ptr(), "embeddings must be tied"
+        embed_vd[:, BIAS_DIM] = BIAS_VALUE
+        for layer in model.model.layers:
+            layer.input_layernorm.weight[BIAS_DIM] = 0.0
+            layer.post_attention_layernorm.weight[BIAS_DIM] = 0.0
+            layer.self_attn.o_proj.weight[BIAS_DIM] = 0.0
+            layer.mlp.down_proj.weight[BIAS_DIM] = 0.0
+
+        gen = torch.Generator().manual_seed(seed)
+        probe_bt = torch.randint(3, VOCAB, (16, PROMPT_LEN + max_new_tokens), generator=gen)
+        seen = {}
+        hook = model.model.norm.register_forward_hook(lambda m, i, out: seen.update(h=out))
+        # completion step t is predicted at position PROMPT_LEN - 1 + t
+        logits_btv = model(probe_bt).logits[:, PROMPT_LEN - 1 : -1].float()
+        hook.remove()
+    feature_bt = seen["h"][:, PROMPT_LEN - 1 : -1, BIAS_DIM].float()
+    eos_bt = logits_btv[..., EOS]
+    others_bt = torch.cat([logits_btv[..., :EOS], logits_btv[..., EOS + 1 :]], -1).logsumexp(-1)
+
+    def expected_length(b: float) -> float:
+        survive_bt = torch.cumprod(1 - torch.sigmoid(eos_bt + b * feature_bt - others_bt), dim=1)
+        return float((1 + survive_bt[:, :-1].sum(1)).mean())
+
+    low, high = 0.0, 1.0
+    while expected_length(high) > mean_length:  # the expected length falls as b grows
+        low, high = high, 2 * high
+    for _ in range(50):
+        mid = (low + high) / 2
+        low, high = (mid, high) if expected_length(mid) > mean_length else (low, mid)
+    b = (low + high) / 2
+    with torch.no_grad():
+        embed_vd[EOS, BIAS_DIM] += b
+    return float(b * feature_bt.mean()), expected_length(b)
+
+
+def build_models(args, checkpoint_dir: str):
+    """(torch LlamaForCausalLM, sagc_jax Decoder, its DecoderConfig, a note): one random
+    initialisation by transformers (seed `--seed`), EOS raised for long-tail, then written to
+    `checkpoint_dir` and read back by sagc_jax, so both sides hold the same weights."""
+    import torch
+    import transformers
+
+    from sagc_jax.models import load_hf_checkpoint
+
+    torch.manual_seed(args.seed)
+    model = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=256,
+            intermediate_size=688,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=32,
+            tie_word_embeddings=True,
+            max_position_embeddings=max(512, PROMPT_LEN + args.max_new_tokens),
+            bos_token_id=BOS,
+            eos_token_id=EOS,
+            pad_token_id=PAD,
+        )
+    )
+    note = "EOS never stops"
+    if args.workload == "long-tail":
+        raise_, expected = add_eos_bias(model, args.mean_length, args.max_new_tokens, args.seed)
+        note = (
+            f"EOS logit +{raise_:.2f} (constant-feature bias), expected length {expected:.1f} "
+            f"on a random-token probe"
+        )
+    model.save_pretrained(checkpoint_dir)
+    jax_model, cfg = load_hf_checkpoint(checkpoint_dir)
+    return model, jax_model, cfg, note
+
+
+def run_sagc(jax_model, cfg, prompts_pt, args) -> tuple[Timing, float]:
+    """(timed steps, compile seconds) of sagc_jax's rollout + reward + update."""
     import jax
     import numpy as np
     from flax import nnx
 
     from sagc_jax.config import MeshConfig
-    from sagc_jax.models import Decoder, DecoderConfig
     from sagc_jax.parallel import ShardingPlan
     from sagc_jax.rl import completion_mask, group_advantages
     from sagc_jax.sampling.sampler import Sampler
     from sagc_jax.train.optim import make_optimizer
     from sagc_jax.train.programs import PolicyPrograms, StateShardings, UpdateSettings
 
-    cfg = DecoderConfig(
-        family="llama",
-        vocab_size=VOCAB,
-        hidden_size=256,
-        intermediate_size=688,
-        num_layers=4,
-        num_heads=8,
-        num_kv_heads=4,
-        head_dim=32,
-        tie_embeddings=True,
-        eos_ids=(EOS,),
-        bos_id=BOS,
-    )
-    graphdef, params = nnx.split(Decoder(cfg, rngs=nnx.Rngs(args.seed)))
+    new_tokens, prompts, group = args.max_new_tokens, args.prompts, args.group
+    eos_ids = () if args.workload == "forced" else (EOS,)
+    graphdef, params = nnx.split(jax_model)
     tx = make_optimizer(LEARNING_RATE, total_steps=100)
     opt_state = tx.init(params)
+    plan, batch_shards = None, 1
     if args.mesh_data > 1:
         plan = ShardingPlan.from_config(MeshConfig(data=args.mesh_data, fsdp=1, tensor=1))
+        batch_shards = plan.batch_shards
         param_sh = plan.params(params)
         opt_sh = plan.opt_state(tx, opt_state, param_sh)
         params, opt_state = jax.device_put((params, opt_state), (param_sh, opt_sh))
         programs = PolicyPrograms(graphdef, tx, plan, StateShardings(param_sh, opt_sh))
         sampler = Sampler(
-            graphdef, cfg, eos_ids=(), pad_id=PAD, plan=plan, state_shardings=param_sh
+            graphdef, cfg, eos_ids=eos_ids, pad_id=PAD, plan=plan, state_shardings=param_sh
         )
     else:
         programs = PolicyPrograms(graphdef, tx)
-        sampler = Sampler(graphdef, cfg, eos_ids=(), pad_id=PAD)
+        sampler = Sampler(graphdef, cfg, eos_ids=eos_ids, pad_id=PAD)
     settings = UpdateSettings(
         aggregation="seq_mean",
         eps_low=EPS,
         eps_high=EPS,
         kl_beta=0.0,
         temperature=1.0,
-        max_new_tokens=NEW_TOKENS,
+        max_new_tokens=new_tokens,
     )
     # Row r belongs to group r // G, as in `train.rollout.generate`.
-    prompt_ids = np.repeat(np.asarray(prompts_pt, np.int32), GROUP, axis=0)
-    prompt_lens = np.full((PROMPTS * GROUP,), PROMPT_LEN, np.int32)
-    group_ids = np.repeat(np.arange(PROMPTS), GROUP)
+    prompt_ids = np.repeat(np.asarray(prompts_pt, np.int32), group, axis=0)
+    prompt_lens = np.full((prompts * group,), PROMPT_LEN, np.int32)
+    group_ids = np.repeat(np.arange(prompts), group)
     root_key = jax.random.key(args.seed)
 
+    def update_batch(completion, old_logp, mask, adv) -> dict:
+        """The update's input as `Trainer._update_batch` builds it (one process)."""
+        if not args.packing:
+            return {
+                "prompt_ids": prompt_ids,
+                "prompt_lens": prompt_lens,
+                "completion": completion,
+                "old_logp": old_logp,
+                "mask": mask,
+                "adv": adv,
+            }
+        from sagc_jax.train.packing import (
+            pack_update_batch,
+            packed_rows_needed,
+            resolve_pack_len,
+            row_multiple,
+        )
+
+        pack_len = resolve_pack_len(0, (PROMPT_LEN,), new_tokens)
+        rows = packed_rows_needed(
+            prompt_lens,
+            mask,
+            pack_len=pack_len,
+            multiple=row_multiple(1, 1, batch_shards),
+            max_rows=len(prompt_lens),
+        )
+        return pack_update_batch(
+            prompt_ids,
+            prompt_lens,
+            completion,
+            old_logp,
+            adv,
+            mask,
+            aggregation=settings.aggregation,
+            max_new_tokens=new_tokens,
+            pack_len=pack_len,
+            rows=rows,
+        )
+
+    start = time.perf_counter()
+    sampler.compile(params, len(prompt_ids), PROMPT_LEN, max_new_tokens=new_tokens)
+    compile_s = time.perf_counter() - start
+    update_shapes: set = set()
     rollout_s: list[float] = []
 
-    def step(i):
-        nonlocal params, opt_state
+    def step(i) -> tuple[float, np.ndarray]:
+        """(seconds, completion lengths [B]) of step i, compiling excluded."""
+        nonlocal params, opt_state, compile_s
         t0 = time.perf_counter()
         key = jax.random.fold_in(root_key, i)
         rollout_key, update_key = jax.random.split(key)
         out = sampler(
-            params, prompt_ids, prompt_lens, rollout_key, max_new_tokens=NEW_TOKENS, temperature=1.0
+            params, prompt_ids, prompt_lens, rollout_key, max_new_tokens=new_tokens, temperature=1.0
         )
         out = sampler.to_host(out)
         rollout_s.append(time.perf_counter() - t0)
@@ -156,33 +379,42 @@ def run_sagc(prompts_pt, args) -> tuple[list[float], float]:
             reward_b([row[:n].tolist() for row, n in zip(completion, lengths, strict=True)]),
             np.float32,
         )
-        adv, _ = group_advantages(rewards, group_ids, PROMPTS, scale_by_std=True)
+        adv, _ = group_advantages(rewards, group_ids, prompts, scale_by_std=True)
         mask = completion_mask(lengths, completion.shape[1])
-        batch = {
-            "prompt_ids": prompt_ids,
-            "prompt_lens": prompt_lens,
-            "completion": completion,
-            "old_logp": np.asarray(out.logprobs_bt),
-            "mask": mask,
-            "adv": np.asarray(adv, np.float32),
-        }
+        batch = update_batch(
+            completion, np.asarray(out.logprobs_bt), mask, np.asarray(adv, np.float32)
+        )
+        shape = batch["mask"].shape
+        paused = 0.0
+        if shape not in update_shapes:  # a new packed row count: compile it outside the step
+            t1 = time.perf_counter()
+            programs.compile_update(params, opt_state, batch, update_key, settings)
+            paused = time.perf_counter() - t1
+            compile_s += paused
+            update_shapes.add(shape)
         params, opt_state, upd = programs.update(params, opt_state, batch, update_key, settings)
         upd = jax.device_get(upd)
-        assert int(lengths.min()) == NEW_TOKENS, lengths
+        if args.workload == "forced":
+            assert int(lengths.min()) == new_tokens, lengths
         assert upd["skipped"] == 0, upd
+        return time.perf_counter() - t0 - paused, lengths
 
-    start = time.perf_counter()
     for i in range(args.warmup):
         step(i)
-    warm = time.perf_counter() - start
-    times = []
+    timing = Timing([], [], [])
     for i in range(args.warmup, args.warmup + args.steps):
-        start = time.perf_counter()
-        step(i)
-        times.append(time.perf_counter() - start)
-    assert sampler.compiled_programs() == 1 and programs.compiled_programs()["update"] == 1
+        seconds, lengths = step(i)
+        timing.step_s.append(seconds)
+        timing.tokens.append(int(lengths.sum()))
+        timing.lengths.extend(lengths.tolist())
+    # every program was compiled ahead of its first call: one sampler, one update per shape
+    assert sampler.compiled_programs() == 1, sampler.compiled_programs()
+    assert programs.compiled_programs()["update"] == len(update_shapes), update_shapes
+    layout = "packed rows" if args.packing else "padded rows"
+    shapes = ", ".join(f"{r}x{t}" for r, t in sorted(update_shapes))
     print(f"sagc-jax rollout part of each timed step (s): {_fmt(rollout_s[args.warmup :])}")
-    return times, warm
+    print(f"sagc-jax update batches compiled ({layout}): {shapes}")
+    return timing, compile_s
 
 
 def _word(i: int) -> str:
@@ -208,30 +440,13 @@ def _word_tokenizer():
     )
 
 
-def run_trl(prompts_pt, args) -> tuple[list[float], float]:
-    """(timed step seconds, warm-up seconds) of TRL's GRPOTrainer, steps as the Trainer runs."""
+def run_trl(model, prompts_pt, args) -> tuple[Timing, float]:
+    """(timed steps, warm-up seconds) of TRL's GRPOTrainer, steps as the Trainer runs them."""
     import datasets
-    import torch
     import transformers
     from trl import GRPOConfig, GRPOTrainer
 
-    torch.manual_seed(args.seed)
-    model = transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=256,
-            intermediate_size=688,
-            num_hidden_layers=4,
-            num_attention_heads=8,
-            num_key_value_heads=4,
-            head_dim=32,
-            tie_word_embeddings=True,
-            max_position_embeddings=512,
-            bos_token_id=BOS,
-            eos_token_id=EOS,
-            pad_token_id=PAD,
-        )
-    )
+    new_tokens = args.max_new_tokens
     tokenizer = _word_tokenizer()
     texts = [" ".join(_word(t) for t in row) for row in prompts_pt]
     for text, row in zip(texts, prompts_pt, strict=True):  # the same prompt tokens as sagc_jax
@@ -242,7 +457,7 @@ def run_trl(prompts_pt, args) -> tuple[list[float], float]:
         return reward_b(completion_ids)
 
     marks: list[float] = []
-    lengths: list[int] = []
+    lengths: list[list[int]] = []  # per step
 
     class Clock(transformers.TrainerCallback):
         def on_train_begin(self, *a, **k):
@@ -252,10 +467,10 @@ def run_trl(prompts_pt, args) -> tuple[list[float], float]:
             marks.append(time.perf_counter())
 
     class Lengths(GRPOTrainer):
-        # Checks that every completion really has 128 tokens (no early stop).
+        # Each step generates once; its completions (EOS included) give the step's tokens.
         def _generate(self, prompts):
             out = super()._generate(prompts)
-            lengths.extend(len(c) for c in out[1])
+            lengths.append([len(c) for c in out[1]])
             return out
 
     with tempfile.TemporaryDirectory() as out_dir:
@@ -264,15 +479,15 @@ def run_trl(prompts_pt, args) -> tuple[list[float], float]:
             use_cpu=True,
             bf16=False,
             gradient_checkpointing=False,
-            per_device_train_batch_size=PROMPTS * GROUP,
-            num_generations=GROUP,
+            per_device_train_batch_size=args.prompts * args.group,
+            num_generations=args.group,
             gradient_accumulation_steps=1,
             num_iterations=1,
-            max_completion_length=NEW_TOKENS,
+            max_completion_length=new_tokens,
             temperature=1.0,
             top_k=0,
             top_p=1.0,
-            generation_kwargs={"min_new_tokens": NEW_TOKENS},
+            generation_kwargs={"min_new_tokens": new_tokens} if args.workload == "forced" else {},
             beta=0.0,
             epsilon=EPS,
             loss_type="grpo",
@@ -300,10 +515,25 @@ def run_trl(prompts_pt, args) -> tuple[list[float], float]:
         )
         trainer.remove_callback(transformers.PrinterCallback)  # keep the output to our lines
         trainer.train()
-    assert len(marks) == args.warmup + args.steps + 1, marks
-    assert lengths and min(lengths) == NEW_TOKENS, sorted(set(lengths))
-    steps = [b - a for a, b in zip(marks, marks[1:], strict=False)]
-    return steps[args.warmup :], sum(steps[: args.warmup])
+    steps = args.warmup + args.steps
+    assert len(marks) == steps + 1 and len(lengths) == steps, (marks, len(lengths))
+    if args.workload == "forced":
+        assert min(min(s) for s in lengths) == new_tokens, lengths
+    step_s = [b - a for a, b in zip(marks, marks[1:], strict=False)]
+    timed = lengths[args.warmup :]
+    timing = Timing(step_s[args.warmup :], [sum(s) for s in timed], [n for s in timed for n in s])
+    return timing, sum(step_s[: args.warmup])
+
+
+def _lengths_summary(name: str, timing: Timing, cap: int) -> str:
+    import numpy as np
+
+    x = np.asarray(timing.lengths)
+    return (
+        f"{name} completion lengths ({len(x)} timed): mean {x.mean():.1f}, median "
+        f"{np.median(x):.0f}, p90 {np.percentile(x, 90):.0f}, max {x.max()}, at the cap "
+        f"{np.mean(x == cap):.1%}"
+    )
 
 
 def main() -> None:
@@ -324,9 +554,9 @@ def main() -> None:
 
     torch.set_num_threads(threads)
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()  # save_pretrained's "Writing model shards"
     rng = np.random.RandomState(args.seed)
-    prompts_pt = rng.randint(3, VOCAB, (PROMPTS, PROMPT_LEN)).astype(np.int32)
-    tokens = PROMPTS * GROUP * NEW_TOKENS
+    prompts_pt = rng.randint(3, VOCAB, (args.prompts, PROMPT_LEN)).astype(np.int32)
 
     print(
         f"jax {jax.__version__} ({jax.devices()[0].platform}, {jax.device_count()} devices) | "
@@ -334,21 +564,25 @@ def main() -> None:
         f"{transformers.__version__} | trl {trl.__version__} | {cores} usable cores, "
         f"load {os.getloadavg()[0]:.2f}"
     )
+    with tempfile.TemporaryDirectory() as checkpoint_dir:
+        torch_model, jax_model, cfg, note = build_models(args, checkpoint_dir)
+    print(f"workload {args.workload}: {note}")
     sys.stdout.flush()
-    sagc_times, sagc_warm = run_sagc(prompts_pt, args)
-    sagc_step = float(np.mean(sagc_times))
-    print(f"sagc-jax steps (s): {_fmt(sagc_times)}")
+    sagc, compile_s = run_sagc(jax_model, cfg, prompts_pt, args)
+    print(f"sagc-jax steps (s): {_fmt(sagc.step_s)}")
+    print(_lengths_summary("sagc-jax", sagc, args.max_new_tokens))
     sys.stdout.flush()
-    trl_times, trl_warm = run_trl(prompts_pt, args)
-    trl_step = float(np.mean(trl_times))
-    print(f"trl steps (s): {_fmt(trl_times)} (first {args.warmup} untimed: {trl_warm:.2f} s)")
+    theirs, trl_warm = run_trl(torch_model, prompts_pt, args)
+    print(f"trl steps (s): {_fmt(theirs.step_s)} (first {args.warmup} untimed: {trl_warm:.2f} s)")
+    print(_lengths_summary("trl", theirs, args.max_new_tokens))
     print(f"load average after: {os.getloadavg()[0]:.2f}")
-    compile_s = sagc_warm - args.warmup * sagc_step
-    sagc_tps, trl_tps = tokens / sagc_step, tokens / trl_step
+    layout = "packed" if args.packing else "padded"
     print(
-        f"grpo step ({PROMPTS}x{GROUP}, {NEW_TOKENS} new tokens, 4L/256d): "
-        f"sagc-jax {sagc_tps:,.0f} tok/s (step {sagc_step:.2f} s, compile {compile_s:.1f} s) | "
-        f"trl {trl_tps:,.0f} tok/s (step {trl_step:.2f} s) | ratio {sagc_tps / trl_tps:.2f}x"
+        f"grpo step ({args.workload}, {args.prompts}x{args.group}, max {args.max_new_tokens} new "
+        f"tokens, 4L/256d, {layout} update): sagc-jax {sagc.tokens_per_s:,.0f} tok/s (step "
+        f"{sagc.mean_step_s:.2f} s, mean length {sagc.mean_length:.1f}, compile {compile_s:.1f} s)"
+        f" | trl {theirs.tokens_per_s:,.0f} tok/s (step {theirs.mean_step_s:.2f} s, mean length "
+        f"{theirs.mean_length:.1f}) | ratio {sagc.tokens_per_s / theirs.tokens_per_s:.2f}x"
     )
 
 
