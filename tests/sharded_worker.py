@@ -121,7 +121,8 @@ def run(mesh_shape, devices, kl_beta):
 
 
 def trainer_compiles(run_dir):
-    """A Trainer on a (data 2, fsdp 4) mesh visiting G = 2, 4, 2, 4: programs traced."""
+    """A Trainer on a (data 2, fsdp 4) mesh visiting G = 2, 4, 2, 4: programs traced (one
+    rollout program per G, one packed update per row-count rung used)."""
     sys.path.insert(0, str(Path(__file__).parent))
     from helpers import TINY
     from test_train import CyclingController
@@ -133,10 +134,12 @@ def trainer_compiles(run_dir):
     trainer.controller = CyclingController((2, 4))
     summary = trainer.run(progress=False)
     trainer.close()
+    lines = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
     return {
         "mesh": dict(trainer.plan.mesh.shape),
         "sampler_traces": trainer.sampler.num_traces,
         "update_traces": trainer.programs.compiled_programs()["update"],
+        "update_rungs": len({r["update_rows"] for r in lines if "group_size" in r}),
         "steps": summary["steps"],
         "eval_accuracy": summary["eval/accuracy"],
     }

@@ -163,7 +163,7 @@ def test_trainer_on_a_mesh_compiles_one_program_per_candidate(tmp_path):
     result = _worker("trainer", str(tmp_path / "run"))
     assert result["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1}
     assert result["steps"] == 4
-    assert result["sampler_traces"] == 2 and result["update_traces"] == 2
+    assert result["sampler_traces"] == 2 and result["update_traces"] == result["update_rungs"]
 
 
 # ---------------------------------------------------------------------- two processes
