@@ -228,16 +228,11 @@ PARAM_KEYS = (
 def _saved_run_config(run: Path) -> tuple[dict, int]:
     """(the config saved with the newest verified checkpoint of ``run``, its step)."""
     from sagc_jax.config import from_dict
-    from sagc_jax.train.checkpoint import CheckpointStore
+    from sagc_jax.train.checkpoint import newest_verified_meta
 
     if not (run / "checkpoints").is_dir():
         raise UserError(f"{run}: no checkpoints/ directory; --checkpoint takes a run directory")
-    store = CheckpointStore(run / "checkpoints")
-    try:
-        step = store.newest_verified_step()
-        meta = store.read_meta(step) if step is not None else {}
-    finally:
-        store.close()
+    step, meta = newest_verified_meta(run / "checkpoints")
     if step is None:
         raise UserError(f"{run / 'checkpoints'}: no complete checkpoint to evaluate")
     try:

@@ -1,5 +1,6 @@
 """Shared pieces of the trainer tests: a tiny run config and a tiny real tokenizer."""
 
+import hashlib
 import json
 
 TINY = [
@@ -52,3 +53,18 @@ def write_word_tokenizer(path):
             }
         )
     )
+
+
+def sets(overrides):
+    """``--set`` arguments of a list of ``section.key=value`` overrides."""
+    return [a for o in overrides for a in ("--set", o)]
+
+
+def tree_digest(path):
+    """Hash of every file under ``path`` (names and bytes)."""
+    h = hashlib.sha256()
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            h.update(str(p.relative_to(path)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()

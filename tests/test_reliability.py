@@ -3,7 +3,6 @@
 Each test here is a row of the Reliability table in README.md.
 """
 
-import hashlib
 import json
 import os
 import signal
@@ -15,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 from helpers import TINY as TRAIN_TINY
-from helpers import write_word_tokenizer
+from helpers import sets, tree_digest, write_word_tokenizer
 
 from sagc_jax.cli import main
 from sagc_jax.config import load_config
@@ -26,26 +25,12 @@ from sagc_jax.train.loop import Trainer, TrainingDiverged
 TINY = [*TRAIN_TINY, "logging.tensorboard=false"]
 
 
-def sets(overrides):
-    return [a for o in overrides for a in ("--set", o)]
-
-
 def run_cli(args, env_extra=None, **kw):
     env = {**os.environ, **(env_extra or {})}
     env.pop(CRASH_ENV, None) if not env_extra or CRASH_ENV not in env_extra else None
     return subprocess.run(
         [sys.executable, "-m", "sagc_jax", *args], capture_output=True, text=True, env=env, **kw
     )
-
-
-def tree_digest(path):
-    """Hash of every file under ``path`` (names and bytes)."""
-    h = hashlib.sha256()
-    for p in sorted(path.rglob("*")):
-        if p.is_file():
-            h.update(str(p.relative_to(path)).encode())
-            h.update(p.read_bytes())
-    return h.hexdigest()
 
 
 @pytest.mark.slow

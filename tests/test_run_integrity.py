@@ -1,7 +1,6 @@
 """A run's state stays true: verified checkpoints, one writer per run directory, logs that
 survive a cut, a summary of the whole run. Each test is a row of README's Reliability table."""
 
-import hashlib
 import json
 import os
 import shutil
@@ -11,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 from helpers import TINY as TRAIN_TINY
+from helpers import sets, tree_digest
 
 from sagc_jax.cli import main
 from sagc_jax.config import load_config
@@ -20,19 +20,6 @@ from sagc_jax.train.runlock import LOCK_FILE, RunLock
 
 TINY = [*TRAIN_TINY, "logging.tensorboard=false", "train.async_checkpoint=false"]
 SIX_STEPS = [*TINY, "train.steps=6", "train.checkpoint_every=2", "train.keep_checkpoints=3"]
-
-
-def sets(overrides):
-    return [a for o in overrides for a in ("--set", o)]
-
-
-def tree_digest(path):
-    h = hashlib.sha256()
-    for p in sorted(path.rglob("*")):
-        if p.is_file():
-            h.update(str(p.relative_to(path)).encode())
-            h.update(p.read_bytes())
-    return h.hexdigest()
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from helpers import TINY as TRAIN_TINY
+from helpers import sets
 
 from sagc_jax.cli import main
 from sagc_jax.config import ConfigError, load_config
@@ -28,10 +29,6 @@ from sagc_jax.train.policy import build_model, load_run_params
 
 TINY = [*TRAIN_TINY, "logging.tensorboard=false"]
 SFT = [*TINY, "sft.steps=6", "sft.batch_size=4", "sft.checkpoint_every=2"]
-
-
-def sets(overrides):
-    return [a for o in overrides for a in ("--set", o)]
 
 
 def run_dir(path):

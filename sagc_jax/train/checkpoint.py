@@ -198,13 +198,15 @@ class CheckpointStore:
             # a run written before checkpoints were sealed: nothing to verify against
             legacy = not any((self.directory / str(s) / INTEGRITY_FILE).exists() for s in steps)
             for step in steps:
+                if legacy:
+                    report(
+                        f"checkpoint step {step}: no integrity record (an older sagc-jax wrote "
+                        f"it); restoring it unverified"
+                    )
+                    best = step
+                    break
                 problem = self.verify(step)
-                if problem is None or legacy:
-                    if problem is not None:
-                        report(
-                            f"checkpoint step {step}: {problem} (an older sagc-jax wrote it); "
-                            f"restoring it unverified"
-                        )
+                if problem is None:
                     best = step
                     break
                 self._reject(step, problem, report)
@@ -269,6 +271,18 @@ class CheckpointStore:
     def close(self) -> None:
         self.wait()
         self.manager.close()
+
+
+def newest_verified_meta(directory: str | Path) -> tuple[int | None, dict]:
+    """(newest verified step, its JSON meta) of the checkpoints in ``directory``; (None, {})
+    when there is none. Damaged steps are moved aside as by :meth:`CheckpointStore.restore_newest`.
+    """
+    store = CheckpointStore(directory)
+    try:
+        step = store.newest_verified_step()
+        return step, store.read_meta(step) if step is not None else {}
+    finally:
+        store.close()
 
 
 def _one_line(err: BaseException, limit: int = 160) -> str:

@@ -25,7 +25,7 @@ from flax import nnx
 
 from sagc_jax.config import Config, ConfigError, from_dict, to_dict
 from sagc_jax.tasks import encode_sft_batch
-from sagc_jax.train.checkpoint import CheckpointStore
+from sagc_jax.train.checkpoint import CheckpointStore, newest_verified_meta
 from sagc_jax.train.faults import Interrupted, StopRequest, crash_point, phase, resume_hint
 from sagc_jax.train.loop import config_differences
 from sagc_jax.train.optim import make_optimizer
@@ -108,12 +108,7 @@ def sft_progress(cfg: Config, run_dir: Path) -> tuple[int | None, bool]:
     """
     if not (run_dir / "checkpoints").is_dir():
         return None, False
-    store = CheckpointStore(run_dir / "checkpoints")
-    try:
-        step = store.newest_verified_step()
-        meta = store.read_meta(step) if step is not None else {}
-    finally:
-        store.close()
+    step, meta = newest_verified_meta(run_dir / "checkpoints")
     if step is None:
         return None, False
     check_saved_config(meta, step, cfg, run_dir)
