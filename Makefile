@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: train test simulate lint clean
+.PHONY: train test simulate experiment lint clean
 
 # (Re)install when pyproject.toml changes; the venv is created on first use.
 $(STAMP): pyproject.toml
@@ -27,6 +27,19 @@ train: $(STAMP)
 # The simulator study of the calibrated workload (no model, a few seconds).
 simulate: $(STAMP)
 	$(VENV)/bin/sagc-jax simulate --config configs/sim/reasoning_drift.yaml
+
+# The controller study (README: "Does SAGC save time in training?"): one warm start, then
+# fixed:4, fixed:8, fixed:16 and sagc on the same seeds: GRPO (5 seeds), DAPO (3) and GRPO with
+# a fixed rollout budget per step (3). Rerunning resumes; finished runs are only read.
+EXPERIMENT := configs/experiments/straggler.yaml
+EXPERIMENT_DIR ?= runs/experiment
+CLI := $(VENV)/bin/sagc-jax
+STUDY = $(CLI) compare --config $(EXPERIMENT) --set train.init_checkpoint=$(EXPERIMENT_DIR)/sft
+experiment: $(STAMP)
+	$(CLI) sft --config $(EXPERIMENT) --set logging.run_dir=$(EXPERIMENT_DIR)/sft
+	$(STUDY) --seeds 5 --set logging.run_dir=$(EXPERIMENT_DIR)/grpo
+	$(STUDY) --seeds 3 --set loss.algorithm=dapo --set logging.run_dir=$(EXPERIMENT_DIR)/dapo
+	$(STUDY) --seeds 3 --set train.batch_mode=budget --set logging.run_dir=$(EXPERIMENT_DIR)/budget
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -322,7 +322,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from sagc_jax.config import parse_controller_spec
-    from sagc_jax.train.compare import compare, format_table
+    from sagc_jax.train.compare import compare, format_tables
 
     cfg = load_config(args.config, args.overrides)
     controllers = [c.strip() for c in args.controllers.split(",") if c.strip()]
@@ -331,9 +331,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.seeds < 1 or (args.steps is not None and args.steps < 1):
         raise UserError(f"--seeds {args.seeds} / --steps {args.steps}: both must be >= 1")
     out_dir = _run_dir(cfg, args.config, "compare")
-    rows = compare(cfg, controllers, args.seeds, args.steps, out_dir, progress=cfg.logging.progress)
-    print(format_table(rows))
-    print(f"wrote compare.md, compare.csv and plots to {out_dir}")
+    result = compare(cfg, controllers, args.seeds, args.steps, out_dir, cfg.logging.progress)
+    print(format_tables(result))
+    print(f"wrote compare.md, compare.csv, runs.csv and plots to {out_dir}")
     return 0
 
 

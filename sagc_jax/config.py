@@ -359,12 +359,31 @@ class DataConfig(_Section):
     min_digits: int = option(1, ge=1)
     max_digits: int = option(1, ge=1)
     modulus: int | None = option(None, ge=2, help="synthetic task: running sums modulo this")
+    curriculum_steps: int = option(
+        0,
+        ge=0,
+        help="synthetic task: 0 = off; else the train split's most terms per problem rises "
+        "linearly (floored) from curriculum_start_terms at step 0 to max_terms at this step, "
+        "then stays; held-out and SFT problems are never capped",
+    )
+    curriculum_start_terms: int | None = option(
+        None,
+        ge=1,
+        help="synthetic task: the curriculum's most terms per problem at step 0, in "
+        "[min_terms, max_terms]; None = min_terms",
+    )
     seed: int = option(0, ge=0)
 
     def check(self) -> None:
         if self.min_terms > self.max_terms:
             raise ConfigError(
                 f"data.min_terms = {self.min_terms} > data.max_terms = {self.max_terms}"
+            )
+        start = self.curriculum_start_terms
+        if start is not None and not self.min_terms <= start <= self.max_terms:
+            raise ConfigError(
+                f"data.curriculum_start_terms = {start} is outside [data.min_terms = "
+                f"{self.min_terms}, data.max_terms = {self.max_terms}]"
             )
         if self.min_digits > self.max_digits:
             raise ConfigError(

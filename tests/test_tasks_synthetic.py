@@ -124,3 +124,92 @@ def test_bad_split_index_and_tiny_space():
     )
     with pytest.raises(ValueError, match="no heldout problem"):
         tiny.problem(0, "heldout")
+
+
+# --------------------------------------------------------------------------- curriculum
+
+
+def test_curriculum_terms_rise_linearly_then_stay():
+    task = SyntheticTask(min_terms=2, max_terms=12)
+    caps = [task.curriculum_terms(step, 10) for step in (0, 1, 5, 9, 10, 11, 1000)]
+    assert caps == [2, 3, 7, 11, 12, 12, 12]
+    assert task.curriculum_terms(1, 4) == 4  # 2 + 10 * 1/4 = 4.5, floored
+    assert task.curriculum_terms(0, 10, start_terms=6) == 6
+    assert task.curriculum_terms(5, 10, start_terms=6) == 9
+    assert task.curriculum_terms(7, 0) == 12  # off: never capped
+    for bad in (1, 13):
+        with pytest.raises(ValueError, match=f"start_terms = {bad} is outside"):
+            task.curriculum_terms(0, 10, start_terms=bad)
+
+
+def test_capped_problems_respect_the_cap_and_are_deterministic():
+    task = SyntheticTask(min_terms=2, max_terms=12, seed=5)
+    for cap in (2, 5):
+        problems = task.batch(0, 100, max_terms=cap)
+        assert {p.num_terms for p in problems} == set(range(2, cap + 1))
+        assert all(len(p.prompt.rstrip("=").split("+")) == p.num_terms for p in problems)
+        again = SyntheticTask(min_terms=2, max_terms=12, seed=5)
+        assert [again.problem(i, max_terms=cap) for i in reversed(range(100))][::-1] == problems
+    with pytest.raises(ValueError, match="max_terms = 1 must be an integer >= min_terms = 2"):
+        task.problem(0, max_terms=1)
+    for split in ("heldout", "sft"):
+        with pytest.raises(ValueError, match="caps the train split only"):
+            task.problem(0, split, max_terms=5)
+
+
+def test_uncapped_problems_are_unchanged():
+    task = SyntheticTask(seed=0)
+    task.batch(0, 20, max_terms=3)  # capped draws leave no trace
+    fresh = SyntheticTask(seed=0)
+    uncapped = [fresh.problem(i) for i in range(40)]
+    assert [task.problem(i, "train", None) for i in range(40)] == uncapped
+    assert task.batch(0, 40, max_terms=12) == uncapped  # a cap of max_terms is no cap
+    assert task.batch(0, 40, max_terms=99) == uncapped
+    assert [p.prompt for p in uncapped[:3]] == [  # recorded before the curriculum existed
+        "5+8+98+9+5+2+35+4+24+26+75=",
+        "7+81+8+84+8+13+17=",
+        "52+3+1+5+5+9+47+17+3+1+15+3=",
+    ]
+    assert [p.prompt for p in task.heldout(2)] == ["95+78+2+30+5+91+39+3=", "95+15+6="]
+
+
+def _source(*overrides):
+    from sagc_jax.config import load_config
+    from sagc_jax.train.data import make_source
+
+    base = ["model.preset=tiny", "sampling.max_new_tokens=32", "sampling.prompt_buckets=auto"]
+    cfg = load_config(None, [*base, "data.min_terms=2", "data.max_terms=10", *overrides])
+    return make_source(cfg, log=lambda _: None)
+
+
+def test_synthetic_source_prompts_grow_under_a_curriculum():
+    source = _source("data.curriculum_steps=10")
+    plain = _source()
+
+    def terms(step, src=source, round_=0):
+        return [p.text.count("+") + 1 for p in src.batch(step, round_, 32)]
+
+    early, mid, late = terms(0), terms(5), terms(10)
+    assert max(early) == 2 and max(mid) <= 6 and max(late) == 10
+    assert np.mean(early) < np.mean(mid) < np.mean(late)
+    assert max(terms(0, round_=1)) == 2  # dynamic-sampling rounds share the step's cap
+    assert source.batch(12, 0, 8) == plain.batch(12, 0, 8)  # past the ramp: uncapped
+    assert _source("data.curriculum_steps=10").batch(5, 1, 8) == source.batch(5, 1, 8)  # resume
+    assert source.heldout(16) == plain.heldout(16)
+    assert source.sft_pairs(8, 0) == plain.sft_pairs(8, 0)
+    started = _source("data.curriculum_steps=10", "data.curriculum_start_terms=4")
+    assert max(p.text.count("+") + 1 for p in started.batch(0, 0, 32)) == 4
+
+
+def test_bad_curriculum_start_terms_is_a_config_error():
+    from sagc_jax.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["data.min_terms=3", "data.max_terms=8", "data.curriculum_start_terms=9"])
+    message = str(info.value)
+    assert "data.curriculum_start_terms = 9 is outside" in message and "\n" not in message
+    assert "data.min_terms = 3" in message and "data.max_terms = 8" in message
+    with pytest.raises(ConfigError, match="data.curriculum_start_terms = 2 is outside"):
+        load_config(None, ["data.min_terms=3", "data.curriculum_start_terms=2"])
+    with pytest.raises(ConfigError, match="data.curriculum_steps = -1 is out of range"):
+        load_config(None, ["data.curriculum_steps=-1"])

@@ -274,14 +274,16 @@ def test_compare_and_report_commands(tmp_path, capsys):
     ]
     assert main(args) == 0
     printed = capsys.readouterr().out
-    assert "| fixed:2 |" in printed and "| sagc |" in printed and "+-" in printed
+    assert "| fixed:2 |" in printed and "| sagc |" in printed and "±" in printed
+    assert "| sagc - fixed:2 |" in printed  # the paired table
     for name in (
         "compare.md",
         "compare.csv",
-        "accuracy_reward_vs_time.png",
+        "runs.csv",
+        "accuracy_vs_time.png",
         "group_size_lambda.png",
         "posterior_mean.png",
-        "max_median_ratio.png",
+        "straggler_ratio.png",
     ):
         assert (out / name).stat().st_size > 0, name
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [

@@ -13,9 +13,15 @@ emitting ``>`` steps until ``max_new_tokens``, so stragglers arise by themselves
 easiest variant: one output digit per step).
 
 Problems are a pure function of ``(seed, split, index)``: the same index gives the same problem
-whatever the call order or process. The ``heldout`` split is disjoint from ``train`` and ``sft``
-by content: a prompt belongs to ``heldout`` iff a stable hash of its text falls in the first
-``heldout_fraction`` of the hash range, and each split draws until it gets one of its own.
+whatever the call order or process. A difficulty curriculum caps k on the ``train`` split: with
+``problem(index, max_terms=cap)``, k is drawn from ``[min_terms, min(cap, max_terms)]``, a pure
+function of ``(seed, split, index, cap)``; :meth:`SyntheticTask.curriculum_terms` gives the cap of
+a training step. A cap of ``max_terms`` or more gives exactly the uncapped problem; the ``sft`` and
+``heldout`` splits are never capped.
+
+The ``heldout`` split is disjoint from ``train`` and ``sft`` by content: a prompt belongs to
+``heldout`` iff a stable hash of its text falls in the first ``heldout_fraction`` of the hash
+range, and each split draws until it gets one of its own.
 """
 
 from __future__ import annotations
@@ -99,8 +105,10 @@ class SyntheticTask:
 
     # ------------------------------------------------------------------ problems
 
-    def _draw(self, rng: random.Random) -> Problem:
-        k = rng.randint(self.min_terms, self.max_terms)
+    def _draw(self, rng: random.Random, max_terms: int | None = None) -> Problem:
+        # Uncapped (or capped at >= self.max_terms): the same randint call, hence the same draws.
+        top = self.max_terms if max_terms is None else min(max_terms, self.max_terms)
+        k = rng.randint(self.min_terms, top)
         terms = []
         for _ in range(k):
             d = rng.randint(self.min_digits, self.max_digits)
@@ -118,17 +126,35 @@ class SyntheticTask:
         bucket = zlib.crc32(prompt.encode()) % _HASH_RANGE
         return bucket < self.heldout_fraction * _HASH_RANGE
 
-    def problem(self, index: int, split: str = "train") -> Problem:
-        """Problem ``index`` (>= 0) of ``split`` (one of :data:`SPLITS`)."""
+    def problem(self, index: int, split: str = "train", max_terms: int | None = None) -> Problem:
+        """Problem ``index`` (>= 0) of ``split`` (one of :data:`SPLITS`).
+
+        ``max_terms`` caps the number of terms of a ``train`` problem (a curriculum, see
+        :meth:`curriculum_terms`): k is drawn from ``[min_terms, min(max_terms, self.max_terms)]``.
+        It must be ``>= min_terms``; None (or any cap ``>= self.max_terms``) gives the uncapped
+        problem. The ``sft`` and ``heldout`` splits are never capped: evaluation covers every
+        difficulty.
+        """
         if split not in SPLITS:
             raise ValueError(f"SyntheticTask: split = {split!r} is not allowed; choose {SPLITS}")
         if not isinstance(index, numbers.Integral) or index < 0:
             raise ValueError(f"SyntheticTask: index = {index!r} must be an integer >= 0")
+        if max_terms is not None:
+            if split != "train":
+                raise ValueError(
+                    f"SyntheticTask: max_terms = {max_terms!r} caps the train split only, not "
+                    f"{split!r}"
+                )
+            if not isinstance(max_terms, numbers.Integral) or max_terms < self.min_terms:
+                raise ValueError(
+                    f"SyntheticTask: max_terms = {max_terms!r} must be an integer >= min_terms "
+                    f"= {self.min_terms}"
+                )
         # A str seed is hashed with sha512: stable across Python versions and processes.
         rng = random.Random(f"sagc-running-sum/{self.seed}/{split}/{int(index)}")
         want_heldout = split == "heldout"
         for _ in range(_MAX_DRAWS):
-            p = self._draw(rng)
+            p = self._draw(rng, max_terms)
             if self._is_heldout(p.prompt) == want_heldout:
                 return p
         raise ValueError(
@@ -137,11 +163,41 @@ class SyntheticTask:
             f"{self.max_digits}) is too small for heldout_fraction = {self.heldout_fraction}"
         )
 
-    def batch(self, step: int, num_prompts: int, split: str = "train") -> list[Problem]:
+    def batch(
+        self, step: int, num_prompts: int, split: str = "train", max_terms: int | None = None
+    ) -> list[Problem]:
         """The ``num_prompts`` problems of training step ``step``: indices
-        ``step * num_prompts + [0, num_prompts)``."""
+        ``step * num_prompts + [0, num_prompts)``, capped at ``max_terms`` terms (see
+        :meth:`problem`)."""
         start = int(step) * int(num_prompts)
-        return [self.problem(start + i, split) for i in range(int(num_prompts))]
+        return [self.problem(start + i, split, max_terms) for i in range(int(num_prompts))]
+
+    def curriculum_terms(
+        self, step: int, curriculum_steps: int, start_terms: int | None = None
+    ) -> int:
+        """The cap on the number of terms of training step ``step`` under a linear curriculum.
+
+        The cap rises from ``start_terms`` (None: ``min_terms``) at step 0 to ``max_terms`` at step
+        ``curriculum_steps`` and stays there: ``start + floor((max_terms - start) *
+        min(step, curriculum_steps) / curriculum_steps)`` (floor, in exact integer arithmetic, so
+        ``max_terms`` is first reached at step ``curriculum_steps``). ``curriculum_steps = 0``
+        turns the curriculum off: the cap is ``max_terms`` (no cap) at every step.
+        """
+        start = self.min_terms if start_terms is None else int(start_terms)
+        if not self.min_terms <= start <= self.max_terms:
+            raise ValueError(
+                f"SyntheticTask: start_terms = {start_terms!r} is outside [min_terms = "
+                f"{self.min_terms}, max_terms = {self.max_terms}]"
+            )
+        if curriculum_steps < 0 or step < 0:
+            raise ValueError(
+                f"SyntheticTask: step = {step!r} and curriculum_steps = {curriculum_steps!r} must "
+                f"be >= 0"
+            )
+        if curriculum_steps == 0:
+            return self.max_terms
+        done = min(int(step), int(curriculum_steps))
+        return start + (self.max_terms - start) * done // int(curriculum_steps)
 
     def heldout(self, num: int) -> list[Problem]:
         """The first ``num`` problems of the held-out split (a fixed evaluation set)."""

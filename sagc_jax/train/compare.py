@@ -1,5 +1,6 @@
 """``sagc-jax compare``: the same task, warm start, seeds and step budget under each controller,
-one run after the other on the same machine, summarised in one table with spread over seeds."""
+one run after the other on the same machine, summarised with 95% confidence intervals over seeds
+and paired differences (``train.study``)."""
 
 from __future__ import annotations
 
@@ -7,22 +8,11 @@ import csv
 import signal
 from pathlib import Path
 
-import numpy as np
-
 from sagc_jax.config import Config, from_dict, parse_controller_spec, to_dict
 from sagc_jax.train.faults import Interrupted, phase, resume_hint
 from sagc_jax.train.loop import Trainer
-from sagc_jax.train.report import plot_runs, read_metrics, summarize
-
-COLUMNS = (
-    ("wall_clock_s", "wall-clock (s)", "{:.0f}"),
-    ("rollout_share", "rollout share", "{:.2f}"),
-    ("straggler_rate", "straggler rate", "{:.3f}"),
-    ("mean_G", "mean G", "{:.2f}"),
-    ("mean_length", "mean length", "{:.1f}"),
-    ("eval/accuracy", "held-out accuracy", "{:.3f}"),
-    ("reward", "reward (last 10 steps)", "{:.3f}"),
-)
+from sagc_jax.train.report import read_metrics
+from sagc_jax.train.study import format_paired, format_rows, plot_study, study
 
 
 def run_config(cfg: Config, spec: str, seed: int, steps: int | None) -> Config:
@@ -47,8 +37,9 @@ def compare(
     out_dir: Path,
     progress: bool = True,
     log=print,
-) -> list[dict]:
-    """Run every (controller, seed); return one aggregated row per controller.
+) -> dict:
+    """Run every (controller, seed); return the study (``study.study``: per-run measures,
+    per-controller rows with 95% CIs, paired differences of sagc against the others).
 
     Runs already in ``out_dir`` resume (or, finished, are only read). A stop signal ends the
     comparison (``Interrupted``): the run in progress saves a checkpoint when it is in its step
@@ -78,38 +69,37 @@ def compare(
                         f"its checkpoint is saved in {run_dir}; {hint}",
                     )
             per_run[(spec, seed)] = read_metrics(run_dir)
-    rows = []
-    for spec in controllers:
-        summaries = [summarize(*per_run[(spec, s)]) for s in range(seeds)]
-        row = {"controller": spec, "seeds": seeds}
-        for key, _, _ in COLUMNS:
-            values = np.array([s.get(key, np.nan) for s in summaries], float)
-            row[key] = float(values.mean())
-            row[f"{key}_std"] = float(values.std(ddof=1)) if seeds > 1 else 0.0
-        rows.append(row)
-    plot_runs({spec: per_run[(spec, 0)] for spec in controllers}, out_dir)
-    write_tables(rows, out_dir)
-    return rows
+    result = study(per_run, controllers, seeds, cfg.sim)
+    plot_study(per_run, controllers, seeds, cfg.sim, out_dir)
+    write_tables(result, out_dir)
+    return result
 
 
-def format_table(rows: list[dict]) -> str:
-    """Markdown: mean over seeds, with +- the standard deviation when there are several."""
-    head = "| controller | " + " | ".join(title for _, title, _ in COLUMNS) + " |"
-    lines = [head, "|" + " --- |" * (len(COLUMNS) + 1)]
-    for row in rows:
-        cells = []
-        for key, _, fmt in COLUMNS:
-            cell = fmt.format(row[key])
-            if row["seeds"] > 1:
-                cell += " +- " + fmt.format(row[f"{key}_std"])
-            cells.append(cell)
-        lines.append(f"| {row['controller']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+def format_tables(result: dict) -> str:
+    """The study as markdown: the per-controller table, then the paired differences."""
+    text = (
+        f"Mean over seeds ± 95% CI (Student t). Time to target: until held-out accuracy first "
+        f"reaches {result['target']:.3f} (90% of the best fixed G's mean final accuracy).\n\n"
+        + format_rows(result["rows"])
+    )
+    if result["paired"]:
+        text += "\n\nPaired differences on the same seeds (± 95% CI; x: ratio of the means):\n\n"
+        text += format_paired(result["paired"])
+    return text
 
 
-def write_tables(rows: list[dict], out_dir: Path) -> None:
-    (out_dir / "compare.md").write_text(format_table(rows) + "\n")
-    with (out_dir / "compare.csv").open("w", newline="") as f:
+def write_tables(result: dict, out_dir: Path) -> None:
+    """compare.md (the tables), compare.csv (one row per controller), runs.csv (one per run)."""
+    (out_dir / "compare.md").write_text(format_tables(result) + "\n")
+    _write_csv(out_dir / "compare.csv", result["rows"])
+    _write_csv(
+        out_dir / "runs.csv",
+        [{"controller": c, "seed": s, **m} for (c, s), m in result["runs"].items()],
+    )
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)

@@ -43,7 +43,9 @@ class PromptSource:
     shard_index: int = 0
     num_shards: int = 1
 
-    def _train_prompt(self, position: int) -> Prompt:
+    def _train_prompt(self, position: int, step: int) -> Prompt:
+        """The training prompt at data ``position``, drawn for training step ``step`` (a source
+        may use the step, e.g. for a curriculum; the prompt stays a function of both)."""
         raise NotImplementedError
 
     def _first_position(self, step: int, round_: int, num_prompts: int) -> int:
@@ -57,7 +59,8 @@ class PromptSource:
         if num_prompts % self.num_shards:
             raise ValueError(f"{num_prompts} prompts cannot be split into {self.num_shards} shards")
         start = self._first_position(step, round_, num_prompts)
-        return [self._train_prompt(start + i) for i in range(num_prompts // self.num_shards)]
+        count = num_prompts // self.num_shards
+        return [self._train_prompt(start + i, step) for i in range(count)]
 
     def heldout(self, num: int) -> list[Prompt]:
         raise NotImplementedError
@@ -67,7 +70,12 @@ class PromptSource:
 
 
 class SyntheticSource(PromptSource):
-    """The built-in running-sum task with its character tokenizer."""
+    """The built-in running-sum task with its character tokenizer.
+
+    With ``data.curriculum_steps > 0`` the training prompts of step t have at most
+    ``task.curriculum_terms(t, ...)`` terms, rising from ``data.curriculum_start_terms`` to
+    ``data.max_terms``; held-out and SFT prompts are never capped.
+    """
 
     def __init__(
         self, cfg: Config, rounds_per_step: int = 1, shard_index=0, num_shards=1, log=print
@@ -81,6 +89,8 @@ class SyntheticSource(PromptSource):
             modulus=d.modulus,
             seed=d.seed,
         )
+        self.curriculum_steps = d.curriculum_steps
+        self.curriculum_start_terms = d.curriculum_start_terms
         self.tokenizer = CharTokenizer()
         self.reward_fn = resolve_reward(
             "synthetic" if d.reward == "auto" else d.reward,
@@ -105,8 +115,13 @@ class SyntheticSource(PromptSource):
         if cfg.sampling.prompt_buckets == "auto" and shard_index == 0:
             log(_auto_note(self.prompt_buckets, shortest, longest))
 
-    def _train_prompt(self, position: int) -> Prompt:
-        p = self.task.problem(position, "train")
+    def _train_prompt(self, position: int, step: int) -> Prompt:
+        cap = None
+        if self.curriculum_steps:
+            cap = self.task.curriculum_terms(
+                step, self.curriculum_steps, self.curriculum_start_terms
+            )
+        p = self.task.problem(position, "train", cap)
         return Prompt(p.prompt, p.answer)
 
     def heldout(self, num: int) -> list[Prompt]:
@@ -180,7 +195,8 @@ class DatasetSource(PromptSource):
     def _first_position(self, step: int, round_: int, num_prompts: int) -> int:
         return (step * self.rounds_per_step + round_) * (num_prompts // self.num_shards)
 
-    def _train_prompt(self, position: int) -> Prompt:
+    def _train_prompt(self, position: int, step: int) -> Prompt:
+        del step  # rows are reshuffled by epoch; no curriculum
         epoch, offset = divmod(position, len(self.rows))
         if epoch not in self._orders:
             rng = np.random.default_rng([self.seed, epoch])

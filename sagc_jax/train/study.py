@@ -1,0 +1,330 @@
+"""Statistics of a controller study: the runs of ``sagc-jax compare`` over several seeds.
+
+Per run (``run_measures``): the last held-out accuracy; wall-clock (the steps' own time, without
+evaluations and checkpoints); the *modeled accelerator time*, the run's logged lengths put
+through the simulator's step-time model (``sim.steptime``, constants from the config's ``sim``
+section), because on a CPU the mix of decode and update time differs from an accelerator's; the
+work done, independent of the machine (decode slots: rows x decode steps the sampler ran; update
+tokens: prompt + completion tokens trained on); time-to-accuracy, wall-clock and modeled, until
+held-out accuracy first reaches a target; the straggler rate; mean G; and the mean completion
+length of the last steps.
+
+Per controller (``study_rows``): mean and 95% confidence interval over seeds (Student t), and a
+paired comparison of one controller against the others on the same seeds (``paired_rows``). The
+time-to-accuracy target is a fraction of the best fixed-G controller's mean final accuracy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from sagc_jax.config import SimConfig
+from sagc_jax.sim.steptime import step_seconds
+
+# Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom (then the normal's).
+_T_975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+TARGET_FRACTION = 0.9  # time-to-accuracy: this share of the best fixed G's final accuracy
+LAST_STEPS = 10  # the "final" completion length: mean over this many last steps
+
+# (key, title, format) of the per-controller table, in order.
+MEASURES = (
+    ("accuracy", "final held-out accuracy", "{:.3f}"),
+    ("wall_clock_s", "wall-clock (s)", "{:.0f}"),
+    ("modeled_s", "modeled time (s)", "{:.0f}"),
+    ("tta_wall_s", "time to target, wall (s)", "{:.0f}"),
+    ("tta_modeled_s", "time to target, modeled (s)", "{:.0f}"),
+    ("straggler_rate", "straggler rate", "{:.3f}"),
+    ("mean_G", "mean G", "{:.2f}"),
+    ("final_length", "final length", "{:.1f}"),
+    ("decode_slots_M", "decode slots (M)", "{:.2f}"),
+    ("update_tokens_M", "update tokens (M)", "{:.2f}"),
+)
+PAIRED = ("accuracy", "wall_clock_s", "modeled_s", "tta_wall_s", "tta_modeled_s")
+
+
+def t_quantile(df: int) -> float:
+    """Two-sided 95% quantile of Student's t with ``df`` (>= 1) degrees of freedom."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom = {df}; need >= 1")
+    return _T_975[df - 1] if df <= len(_T_975) else 1.960
+
+
+def mean_ci(values) -> tuple[float, float, int]:
+    """(mean, half-width of the 95% t interval, n) over the finite values; the half-width is
+    nan with fewer than two, the mean nan with none."""
+    x = np.asarray(values, float)
+    x = x[np.isfinite(x)]
+    if len(x) == 0:
+        return math.nan, math.nan, 0
+    if len(x) == 1:
+        return float(x[0]), math.nan, 1
+    half = t_quantile(len(x) - 1) * float(x.std(ddof=1)) / math.sqrt(len(x))
+    return float(x.mean()), half, len(x)
+
+
+def paired_difference(a, b) -> tuple[float, float, int]:
+    """``mean_ci`` of ``a - b`` over the seeds where both are finite (same seed, same index)."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    if a.shape != b.shape:
+        raise ValueError(f"paired values need equal lengths, got {a.shape} and {b.shape}")
+    return mean_ci(a - b)
+
+
+def modeled_step_seconds(steps: list[dict], sim: SimConfig) -> np.ndarray:
+    """float [steps]: each logged step's rollout + update seconds under the step-time model,
+    from its lengths [P, G] (every sampling round) and mean prompt tokens per rollout."""
+    out = np.empty(len(steps))
+    for i, r in enumerate(steps):
+        rollout, update = step_seconds(np.asarray(r["lengths"]), int(r["prompt_tokens"]), sim)
+        out[i] = rollout + update
+    return out
+
+
+def time_to_accuracy(steps: list[dict], evals: list[dict], step_s, target: float) -> float:
+    """Seconds (summed ``step_s`` of the steps before it) until the first evaluation with
+    accuracy >= ``target``; nan when none reaches it. Evaluation at step k follows k steps."""
+    clock = np.concatenate([[0.0], np.cumsum(np.asarray(step_s, float))])
+    done = np.array([int(r["step"]) for r in steps])  # 1, 2, ...: steps completed
+    for r in evals:
+        if r["eval/accuracy"] >= target:
+            return float(clock[np.searchsorted(done, int(r["step"]), side="right")])
+    return math.nan
+
+
+def run_measures(steps: list[dict], evals: list[dict], sim: SimConfig, target: float) -> dict:
+    """The measures of one run (see the module docstring); ``target`` for time-to-accuracy."""
+    wall = np.array([r["time/step_s"] for r in steps], float)
+    modeled = modeled_step_seconds(steps, sim)
+    slots = sum(np.asarray(r["lengths"]).size * int(r["decode_steps"]) for r in steps)
+    tokens = sum(
+        int(np.asarray(r["lengths"]).sum()) + np.asarray(r["lengths"]).size * r["prompt_tokens"]
+        for r in steps
+    )
+    return {
+        "accuracy": float(evals[-1]["eval/accuracy"]) if evals else math.nan,
+        "wall_clock_s": float(wall.sum()),
+        "modeled_s": float(modeled.sum()),
+        "tta_wall_s": time_to_accuracy(steps, evals, wall, target),
+        "tta_modeled_s": time_to_accuracy(steps, evals, modeled, target),
+        "straggler_rate": float(np.mean([r["controller/s_t"] for r in steps])),
+        "mean_G": float(np.mean([r["group_size"] for r in steps])),
+        "final_length": float(np.mean([r["length/mean"] for r in steps[-LAST_STEPS:]])),
+        "decode_slots_M": slots / 1e6,
+        "update_tokens_M": tokens / 1e6,
+    }
+
+
+def accuracy_target(per_run: dict, controllers: list[str], seeds: int) -> float:
+    """``TARGET_FRACTION`` x the best mean final accuracy among the fixed-G controllers (all
+    controllers when none is fixed)."""
+    fixed = [c for c in controllers if c.startswith("fixed")] or controllers
+    best = max(
+        np.nanmean([_last_accuracy(per_run[(c, s)][1]) for s in range(seeds)]) for c in fixed
+    )
+    return TARGET_FRACTION * float(best)
+
+
+def _last_accuracy(evals: list[dict]) -> float:
+    return float(evals[-1]["eval/accuracy"]) if evals else math.nan
+
+
+def study(per_run: dict, controllers: list[str], seeds: int, sim: SimConfig) -> dict:
+    """Measures of every (controller, seed) run, per-controller rows (mean, CI) and paired rows.
+
+    ``per_run[(controller, seed)]`` is ``(steps, evals)`` as ``report.read_metrics`` gives.
+    """
+    target = accuracy_target(per_run, controllers, seeds)
+    measures = {
+        key: run_measures(*per_run[key], sim, target)
+        for key in ((c, s) for c in controllers for s in range(seeds))
+    }
+    rows = []
+    for c in controllers:
+        row = {"controller": c, "seeds": seeds}
+        for key, _, _ in MEASURES:
+            mean, half, n = mean_ci([measures[(c, s)][key] for s in range(seeds)])
+            row.update({key: mean, f"{key}_ci": half, f"{key}_n": n})
+        rows.append(row)
+    return {
+        "target": target,
+        "runs": measures,
+        "rows": rows,
+        "paired": paired_rows(measures, controllers, seeds),
+    }
+
+
+def paired_rows(
+    measures: dict, controllers: list[str], seeds: int, subject: str = "sagc"
+) -> list[dict]:
+    """``subject`` minus each other controller on the same seeds, per ``PAIRED`` measure (and the
+    ratio of the means for the times); empty when ``subject`` did not run."""
+    if subject not in controllers:
+        return []
+    rows = []
+    for other in controllers:
+        if other == subject:
+            continue
+        row = {"subject": subject, "against": other}
+        for key in PAIRED:
+            a = [measures[(subject, s)][key] for s in range(seeds)]
+            b = [measures[(other, s)][key] for s in range(seeds)]
+            diff, half, n = paired_difference(a, b)
+            row.update({key: diff, f"{key}_ci": half, f"{key}_n": n})
+            if key != "accuracy":
+                num, den = mean_ci(a)[0], mean_ci(b)[0]
+                row[f"{key}_ratio"] = num / den if den > 0 else math.nan
+        rows.append(row)
+    return rows
+
+
+def _cell(row: dict, key: str, fmt: str) -> str:
+    value, half = row[key], row[f"{key}_ci"]
+    if not math.isfinite(value):
+        return "not reached"
+    cell = fmt.format(value)
+    if math.isfinite(half):
+        cell += " ± " + fmt.format(half)
+    reached, seeds = row[f"{key}_n"], row.get("seeds")
+    if seeds is not None and reached < seeds:
+        cell += f" ({reached}/{seeds} reached)"
+    return cell
+
+
+def format_rows(rows: list[dict]) -> str:
+    """Markdown: per controller, the mean over seeds ± the 95% CI half-width."""
+    lines = [
+        "| controller | " + " | ".join(title for _, title, _ in MEASURES) + " |",
+        "|" + " --- |" * (len(MEASURES) + 1),
+    ]
+    for row in rows:
+        cells = [_cell(row, key, fmt) for key, _, fmt in MEASURES]
+        lines.append(f"| {row['controller']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def format_paired(rows: list[dict]) -> str:
+    """Markdown: paired differences (subject - other, same seeds), mean ± 95% CI, and for the
+    times the ratio of the means."""
+    titles = {key: title for key, title, _ in MEASURES}
+    formats = {key: fmt for key, _, fmt in MEASURES}
+    lines = [
+        "| paired | " + " | ".join(f"Δ {titles[key]}" for key in PAIRED) + " |",
+        "|" + " --- |" * (len(PAIRED) + 1),
+    ]
+    for row in rows:
+        cells = []
+        for key in PAIRED:
+            cell = _cell(row, key, formats[key] if key == "accuracy" else "{:+.0f}")
+            if key != "accuracy" and math.isfinite(row[f"{key}_ratio"]):
+                cell += f" (x{row[f'{key}_ratio']:.2f})"
+            cells.append(cell)
+        lines.append(f"| {row['subject']} - {row['against']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _band(ax, x, runs_y, label):
+    """Mean line and 95% CI band of equal-length series over seeds."""
+    y = np.asarray(runs_y, float)
+    mean = y.mean(axis=0)
+    (line,) = ax.plot(x, mean, label=label)
+    if len(y) > 1:
+        half = t_quantile(len(y) - 1) * y.std(axis=0, ddof=1) / math.sqrt(len(y))
+        ax.fill_between(x, mean - half, mean + half, color=line.get_color(), alpha=0.2)
+
+
+def plot_study(per_run: dict, controllers: list[str], seeds: int, sim: SimConfig, out_dir):
+    """PNGs of the study (mean line and 95% CI band over seeds): held-out accuracy against
+    wall-clock and against modeled time, G and lambda over steps, the posterior mean per
+    candidate, and the straggler rate and mean group max/median ratio over steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+
+    def save(fig, name):
+        fig.tight_layout()
+        fig.savefig(out_dir / name, dpi=110)
+        plt.close(fig)
+        paths.append(out_dir / name)
+
+    def common_steps(c):  # steps every seed logged (a run in progress may be shorter)
+        return min(len(per_run[(c, s)][0]) for s in range(seeds))
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    for c in controllers:
+        for ax, clock_of in zip(
+            axes,
+            (
+                lambda st: np.array([r["time/step_s"] for r in st]),
+                lambda st: modeled_step_seconds(st, sim),
+            ),
+            strict=True,
+        ):
+            times, accs = [], []
+            for s in range(seeds):
+                steps, evals = per_run[(c, s)]
+                clock = np.concatenate([[0.0], np.cumsum(clock_of(steps))])
+                done = np.array([int(r["step"]) for r in steps])
+                at = [clock[np.searchsorted(done, int(r["step"]), side="right")] for r in evals]
+                times.append(at)
+                accs.append([r["eval/accuracy"] for r in evals])
+            n = min(len(a) for a in accs)  # evaluations every seed reached
+            _band(ax, np.mean([t[:n] for t in times], axis=0), [a[:n] for a in accs], c)
+    axes[0].set(xlabel="wall-clock (s)", ylabel="held-out accuracy", title="Against wall-clock")
+    axes[1].set(xlabel="modeled accelerator time (s)", title="Against modeled time")
+    axes[0].legend(fontsize=8)
+    save(fig, "accuracy_vs_time.png")
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for c in controllers:
+        n = common_steps(c)
+        x = np.arange(1, n + 1)
+        series = [per_run[(c, s)][0][:n] for s in range(seeds)]
+        _band(ax1, x, [[r["group_size"] for r in st] for st in series], c)
+        _band(ax2, x, [[r["controller/lambda"] for r in st] for st in series], c)
+    ax1.set(xlabel="step", ylabel="G", title="Group size")
+    ax2.set(xlabel="step", ylabel="lambda", title="Dual variable")
+    ax1.legend(fontsize=8)
+    save(fig, "group_size_lambda.png")
+
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    for c in controllers:
+        n = common_steps(c)
+        series = [per_run[(c, s)][0][:n] for s in range(seeds)]
+        if "controller/posterior_mean" not in series[0][0]:
+            continue  # fixed G has no posterior
+        post = np.array([[r["controller/posterior_mean"] for r in st] for st in series])
+        for i in range(post.shape[2]):
+            _band(ax, np.arange(1, n + 1), post[:, :, i], f"{c} rung {i}")
+    ax.set(
+        xlabel="step",
+        ylabel="alpha / (alpha + beta)",
+        ylim=(0, 1),
+        title="Posterior mean straggler probability per candidate (ladder order)",
+    )
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    save(fig, "posterior_mean.png")
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for c in controllers:
+        n = common_steps(c)
+        series = [per_run[(c, s)][0][:n] for s in range(seeds)]
+        x = np.arange(1, n + 1)
+        _band(ax1, x, [[r["controller/s_t"] for r in st] for st in series], c)
+        _band(ax2, x, [[np.mean(r["group_ratios"]) for r in st] for st in series], c)
+    ax1.set(xlabel="step", ylabel="share of groups", title="Straggling groups per step")
+    ax2.set(xlabel="step", ylabel="max / median", title="Mean group max/median length ratio")
+    ax1.legend(fontsize=8)
+    save(fig, "straggler_ratio.png")
+    return paths

@@ -1,0 +1,121 @@
+"""The statistics of a controller study (train/study.py) on hand-made logs."""
+
+import math
+
+import numpy as np
+import pytest
+
+from sagc_jax.config import SimConfig
+from sagc_jax.sim import step_seconds
+from sagc_jax.train.study import (
+    format_paired,
+    format_rows,
+    mean_ci,
+    modeled_step_seconds,
+    paired_difference,
+    run_measures,
+    study,
+    t_quantile,
+    time_to_accuracy,
+)
+
+
+def test_t_interval_by_hand():
+    assert t_quantile(1) == 12.706 and t_quantile(4) == 2.776 and t_quantile(200) == 1.96
+    mean, half, n = mean_ci([1.0, 2.0, 3.0])  # sd 1
+    assert (mean, n) == (2.0, 3) and half == pytest.approx(4.303 / math.sqrt(3))
+    mean, half, n = mean_ci([5.0, float("nan")])  # one finite value: no interval
+    assert (mean, n) == (5.0, 1) and math.isnan(half)
+    assert mean_ci([])[2] == 0
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        t_quantile(0)
+
+
+def test_paired_difference_uses_the_same_seeds():
+    a, b = [3.0, 5.0, 7.0], [1.0, 4.0, 5.0]  # differences 2, 1, 2
+    diff, half, n = paired_difference(a, b)
+    assert diff == pytest.approx(5 / 3) and n == 3
+    assert half == pytest.approx(4.303 * np.std([2, 1, 2], ddof=1) / math.sqrt(3))
+    # a pair with a missing side (a run that never reached the target) is left out
+    assert paired_difference([1.0, float("nan")], [0.5, 2.0])[:3:2] == (0.5, 1)
+    with pytest.raises(ValueError, match="equal lengths"):
+        paired_difference([1.0], [1.0, 2.0])
+
+
+def _log(accuracies_at, step_s, lengths, decode_steps=10, prompt_tokens=5):
+    """(steps, evals) as read_metrics gives them: step records 1..N, evaluations merged into
+    the step record of their step (step 0 on its own)."""
+    steps = []
+    for i, t in enumerate(step_s, start=1):
+        g = len(lengths[0])
+        r = {
+            "step": i,
+            "time/step_s": t,
+            "lengths": lengths,
+            "prompt_tokens": prompt_tokens,
+            "decode_steps": decode_steps,
+            "controller/s_t": 0.5 if i % 2 else 0.0,
+            "group_size": g,
+            "length/mean": float(np.mean(lengths)) + i,
+        }
+        if i in accuracies_at:
+            r["eval/accuracy"] = accuracies_at[i]
+        steps.append(r)
+    evals = [{"step": 0, "eval/accuracy": accuracies_at.get(0, 0.0)}]
+    evals += [r for r in steps if "eval/accuracy" in r]
+    return steps, evals
+
+
+def test_time_to_accuracy_counts_the_steps_before_the_evaluation():
+    steps, evals = _log({2: 0.3, 4: 0.6, 6: 0.7}, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], [[4, 8]])
+    assert time_to_accuracy(steps, evals, [r["time/step_s"] for r in steps], 0.5) == 10.0
+    assert time_to_accuracy(steps, evals, np.ones(6), 0.65) == 6.0
+    assert time_to_accuracy(steps, evals, np.ones(6), 0.0) == 0.0  # the step-0 evaluation
+    assert math.isnan(time_to_accuracy(steps, evals, np.ones(6), 0.9))
+
+
+def test_modeled_time_replays_the_logged_lengths():
+    sim = SimConfig()
+    lengths = [[10, 40, 12], [9, 11, 300]]
+    steps, _ = _log({}, [1.0, 1.0], lengths, prompt_tokens=7)
+    expected = sum(step_seconds(np.array(lengths), 7, sim))
+    np.testing.assert_allclose(modeled_step_seconds(steps, sim), [expected, expected])
+    # a straggler costs modeled time: the same step without the 300-token rollout is cheaper
+    short, _ = _log({}, [1.0], [[10, 40, 12], [9, 11, 13]], prompt_tokens=7)
+    assert modeled_step_seconds(short, sim)[0] < expected
+
+
+def test_run_measures_by_hand():
+    lengths = [[4, 8], [6, 2]]  # 4 rows, 20 completion tokens
+    steps, evals = _log({2: 0.25, 3: 0.5}, [1.0, 2.0, 4.0], lengths, decode_steps=8)
+    m = run_measures(steps, evals, SimConfig(), target=0.4)
+    assert m["accuracy"] == 0.5 and m["wall_clock_s"] == 7.0 and m["tta_wall_s"] == 7.0
+    assert m["decode_slots_M"] * 1e6 == 3 * 4 * 8  # steps x rows x decode steps
+    assert m["update_tokens_M"] * 1e6 == pytest.approx(3 * (20 + 4 * 5))
+    assert m["straggler_rate"] == pytest.approx(1 / 3) and m["mean_G"] == 2.0
+    assert m["final_length"] == pytest.approx(5.0 + 2.0)  # mean over the last steps logged
+
+
+def test_study_rows_target_and_paired_table():
+    per_run = {}
+    for seed in range(3):
+        # fixed:8 ends at 0.6 after 4 s; sagc at 0.58 after 2 s, reaching 0.54 at step 2
+        per_run[("fixed:8", seed)] = _log({2: 0.4, 4: 0.6}, [1.0] * 4, [[5] * 8])
+        per_run[("sagc", seed)] = _log({2: 0.55 + 0.01 * seed, 4: 0.58}, [0.5] * 4, [[5] * 4])
+    result = study(per_run, ["fixed:8", "sagc"], 3, SimConfig())
+    assert result["target"] == pytest.approx(0.54)
+    rows = {r["controller"]: r for r in result["rows"]}
+    assert rows["sagc"]["accuracy"] == pytest.approx(0.58) and rows["sagc"]["accuracy_ci"] == 0
+    assert rows["sagc"]["tta_wall_s"] == 1.0 and rows["fixed:8"]["tta_wall_s"] == 4.0
+    (paired,) = result["paired"]
+    assert paired["against"] == "fixed:8" and paired["wall_clock_s"] == -2.0
+    assert paired["wall_clock_s_ratio"] == 0.5 and paired["tta_wall_s_ratio"] == 0.25
+    table = format_rows(result["rows"])
+    assert "| sagc | 0.580 ± 0.000 |" in table
+    assert "sagc - fixed:8" in format_paired(result["paired"])
+    # a controller that never reaches the target says so
+    for seed in range(3):
+        per_run[("fixed:8", seed)] = _log({2: 0.1, 4: 0.9}, [1.0] * 4, [[5] * 8])
+        per_run[("sagc", seed)] = _log({2: 0.1, 4: 0.5}, [1.0] * 4, [[5] * 4])
+    result = study(per_run, ["fixed:8", "sagc"], 3, SimConfig())
+    assert "not reached" in format_rows(result["rows"])
