@@ -316,6 +316,14 @@ class SFTConfig(_Section):
         help="share of traces that never conclude (repeat the last sum up to "
         "sampling.max_new_tokens): a deliberately imperfect warm start that RL must fix",
     )
+    recheck_prob: float = option(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        help="concluded traces write their running sums again, '=' between the passes, with "
+        "P(at least j extra passes) = recheck_prob ** j (as many as fit in "
+        "sampling.max_new_tokens): long correct answers, a length tail RL does not remove",
+    )
     checkpoint_every: int = option(
         100,
         ge=0,

@@ -213,3 +213,52 @@ def test_bad_curriculum_start_terms_is_a_config_error():
         load_config(None, ["data.min_terms=3", "data.curriculum_start_terms=2"])
     with pytest.raises(ConfigError, match="data.curriculum_steps = -1 is out of range"):
         load_config(None, ["data.curriculum_steps=-1"])
+
+
+def test_the_experiment_workload_keeps_its_length_promises():
+    """configs/experiments/straggler.yaml: every concluded completion (eos included) is at most
+    max_new_tokens / tau, so one rambling member of a group whose median concludes makes the
+    group straggle; rambling warm-start traces run to the cap; the curriculum lengthens the
+    training completions over the run while held-out problems keep the full range."""
+    from sagc_jax.config import load_config
+    from sagc_jax.train.data import SyntheticSource
+    from sagc_jax.train.sft import ramble
+
+    cfg = load_config("configs/experiments/straggler.yaml", [])
+    source = SyntheticSource(cfg, log=lambda _: None)
+    cap, tau = cfg.sampling.max_new_tokens, cfg.controller.sagc.tau
+    assert source.task.max_completion_chars() + 1 <= cap / tau
+    trace = source.task.problem(0, "sft").trace
+    assert len(ramble(trace, cap)) == cap and "#" not in ramble(trace, cap)
+    assert cfg.sft.ramble_fraction >= 0.8  # the warm start mostly rambles: RL has room
+
+    first = [p.text for p in source.batch(0, 0, 256)]
+    last = [p.text for p in source.batch(cfg.data.curriculum_steps, 0, 256)]
+    def terms(texts):
+        return np.mean([t.count("+") + 1 for t in texts])
+
+    assert terms(first) <= cfg.data.curriculum_start_terms < terms(last)
+    assert max(t.count("+") + 1 for t in last) == cfg.data.max_terms
+    assert max(p.text.count("+") + 1 for p in source.heldout(256)) == cfg.data.max_terms
+
+
+def test_recheck_traces_score_right_and_have_a_geometric_tail():
+    from sagc_jax.config import load_config
+    from sagc_jax.train.data import SyntheticSource
+    from sagc_jax.train.sft import recheck, sft_batch
+
+    assert recheck("3>8>0#0", 2, 48) == "3>8>0=3>8>0=3>8>0#0"
+    assert recheck("3>8>0#0", 9, 20) == "3>8>0=3>8>0=3>8>0#0"  # only the passes that fit
+    assert check_running_sum(recheck("3>8>0#0", 2, 48), "0") == 1.0
+    cfg = load_config(
+        "configs/experiments/straggler.yaml", ["sft.batch_size=4096", "sft.ramble_fraction=0"]
+    )
+    source = SyntheticSource(cfg, log=lambda _: None)
+    tokens, mask = sft_batch(cfg, source, step=0, width=80)
+    again, _ = sft_batch(cfg, source, step=0, width=80)
+    np.testing.assert_array_equal(tokens, again)  # deterministic
+    tok = source.tokenizer
+    passes = np.array([tok.decode(row[m > 0]).count("=") for row, m in zip(tokens, mask)])
+    q = cfg.sft.recheck_prob
+    for j in (1, 2, 3):  # P(at least j extra passes) = q ** j (up to what fits the cap)
+        assert abs(np.mean(passes >= j) - q**j) < 0.03, j

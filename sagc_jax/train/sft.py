@@ -58,6 +58,14 @@ def ramble(trace: str, length: int) -> str:
     return out[:length]
 
 
+def recheck(trace: str, extra: int, length: int) -> str:
+    """A trace that writes its running sums ``1 + extra`` times, ``=`` between the passes,
+    before ``#answer`` (fewer passes when they would not fit in ``length`` characters)."""
+    sums, answer = trace.split("#", 1)
+    room = (length - len(trace)) // (len(sums) + 1)
+    return "=".join([sums] * (1 + min(extra, max(room, 0)))) + "#" + answer
+
+
 def sft_batch(cfg: Config, source, step: int, width: int):
     """Tokens and loss mask [B, width] of SFT step ``step``; rambling rows get no EOS target."""
     s = cfg.sft
@@ -65,6 +73,12 @@ def sft_batch(cfg: Config, source, step: int, width: int):
     rng = np.random.default_rng([s.seed, step])
     rambles = rng.random(len(pairs)) < s.ramble_fraction
     max_new = cfg.sampling.max_new_tokens
+    if s.recheck_prob > 0:  # P(at least j extra passes) = recheck_prob ** j
+        extra = rng.geometric(1.0 - s.recheck_prob, len(pairs)) - 1
+        pairs = [
+            (p, c if r else recheck(c, int(e), max_new))
+            for (p, c), r, e in zip(pairs, rambles, extra, strict=True)
+        ]
     pairs = [(p, ramble(c, max_new) if r else c) for (p, c), r in zip(pairs, rambles, strict=True)]
     tokens_bt, mask_bt = encode_sft_batch(source.tokenizer, pairs, width)
     for b in np.flatnonzero(rambles):  # never learn to stop a rambling completion
@@ -146,7 +160,7 @@ def run_sft(cfg: Config, trainer_parts, run_dir: Path, progress: bool = True) ->
     )
     opt_state = tx.init(params)
     completion = source.task.max_completion_chars()
-    if s.ramble_fraction > 0:
+    if s.ramble_fraction > 0 or s.recheck_prob > 0:
         completion = max(completion, cfg.sampling.max_new_tokens)
     width = 1 + source.task.max_prompt_chars() + completion + 1
 
