@@ -28,6 +28,7 @@ __all__ = [
     "ConfigError",
     "ControllerConfig",
     "DataConfig",
+    "HybridConfig",
     "LoggingConfig",
     "LossConfig",
     "MeshConfig",
@@ -236,13 +237,69 @@ class SAGCConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class HybridConfig(_Section):
+    """Knobs of the prompt-aware hybrid controller (``controller.kind: hybrid``).
+
+    It shares SAGC's ladder, tau, delta, dual variable and Thompson machinery
+    (``controller.sagc.*``) and adds a per-prompt straggle predictor; see
+    ``sagc_jax/controller/hybrid.py``.
+    """
+
+    _prefix = "controller.hybrid."
+    mode: str = option(
+        "step",
+        choices=("step", "per_prompt"),
+        help="step: one G per step, Thompson draws conditioned on the step's prompts; "
+        "per_prompt: a group size per prompt, the sizes summing to the rollout budget",
+    )
+    capacity: int = option(65536, ge=1, help="prompts remembered; the least recently seen go")
+    decay: float = option(
+        0.5, gt=0.0, le=1.0, help="per-visit forgetting of a prompt's record (1: never forget)"
+    )
+    prior_strength: float = option(
+        8.0,
+        gt=0.0,
+        help="pseudo-rollouts of the shrinkage prompt -> feature bin -> global tail rate",
+    )
+    prediction_weight: float = option(
+        10.0,
+        ge=0.0,
+        help="pseudo-steps the prompt-based prediction adds to SAGC's Beta posterior of each G; "
+        "0: plain SAGC draws",
+    )
+    rollout_budget: int = option(
+        0,
+        ge=0,
+        help="per_prompt: rows per step; 0: prompts x a budget level G chosen each step by "
+        "SAGC's rule on the ladder (one rollout shape per candidate, as in SAGC)",
+    )
+    length_bins: tuple[int, ...] = option(
+        (64, 128, 256, 512, 1024, 2048),
+        ge=1,
+        help="edges (prompt tokens) of the prompt-length bins of the feature prior",
+    )
+    difficulty_bins: int = option(
+        4, ge=1, help="equal-width bins of the optional difficulty in [0, 1] (feature prior)"
+    )
+    calibration_bins: int = option(10, ge=2, help="bins of predicted straggle probability")
+
+    def check(self) -> None:
+        edges = list(self.length_bins)
+        if edges != sorted(set(edges)):
+            raise ConfigError(
+                f"{self._prefix}length_bins = {edges} must be a strictly increasing list"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
 class ControllerConfig(_Section):
-    """Which group-size controller runs: SAGC or a fixed G baseline."""
+    """Which group-size controller runs: SAGC, the prompt-aware hybrid or a fixed G baseline."""
 
     _prefix = "controller."
-    kind: str = option("sagc", choices=("sagc", "fixed"))
+    kind: str = option("sagc", choices=("sagc", "hybrid", "fixed"))
     group_size: int = option(8, ge=1, help="G of the fixed baseline (kind: fixed)")
     sagc: SAGCConfig = dataclasses.field(default_factory=SAGCConfig)
+    hybrid: HybridConfig = dataclasses.field(default_factory=HybridConfig)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -448,6 +505,15 @@ class SimConfig(_Section):
     ``failure_length_ratio`` for failed completions (success probability per prompt drawn from
     Beta with mean ``success_mean``) and ``e_pi`` is Student-t with ``tail_df`` degrees of freedom
     (heavy tail). With probability ``runaway_prob`` a completion runs to ``max_new_tokens``.
+
+    With ``prompt_pool: N`` the prompts come from a fixed pool of N, shuffled every epoch (step t
+    takes the next ``prompts_per_step`` of the epoch's order), and a prompt keeps its ``z_p``,
+    success probability and prompt length across epochs. It also has a straggle tendency
+    ``v_p ~ N(0, 1)`` scaled by ``h = prompt_heterogeneity``: its within-group spread is
+    multiplied by ``exp(h v_p / 2)`` and its runaway probability is
+    ``runaway_prob * exp(h v_p - h^2 / 2)`` (same mean over the pool). Its prompt length is
+    ``prompt_tokens * exp(prompt_length_sigma * w_p)`` where ``w_p`` has correlation
+    ``prompt_length_corr`` with ``v_p``.
     """
 
     _prefix = "sim."
@@ -467,6 +533,20 @@ class SimConfig(_Section):
     success_concentration: float = option(1.5, gt=0.0)
     failure_length_ratio: float = option(3.0, gt=0.0)
     runaway_prob: float = option(0.002, ge=0.0, le=1.0)
+    # A fixed pool of prompts revisited every epoch (PromptPoolWorkload).
+    prompt_pool: int = option(
+        0, ge=0, help="0: every step draws fresh prompts; N: a fixed pool of N prompts, "
+        "each with a persistent length scale, success rate and straggle tendency"
+    )
+    prompt_heterogeneity: float = option(
+        1.0, ge=0.0, help="pool: std of a prompt's log straggle tendency (0: none)"
+    )
+    prompt_length_sigma: float = option(
+        0.5, ge=0.0, help="pool: log-spread of prompt token lengths around prompt_tokens"
+    )
+    prompt_length_corr: float = option(
+        0.5, ge=-1.0, le=1.0, help="pool: correlation of log prompt length with straggle tendency"
+    )
     # Step-time model of synchronous training (seconds).
     decode_step_seconds: float = option(0.02, ge=0.0, help="fixed cost of one decode step")
     decode_seq_seconds: float = option(2e-5, ge=0.0, help="extra cost per sequence per step")
@@ -497,15 +577,28 @@ class Config(_Section):
     sim: SimConfig = dataclasses.field(default_factory=SimConfig)
 
 
-def parse_controller_spec(spec: str) -> tuple[str, int | None]:
-    """``'sagc'`` -> ("sagc", None); ``'fixed:8'`` -> ("fixed", 8); anything else is an error."""
-    kind, _, arg = spec.partition(":")
-    if kind == "sagc" and not arg:
+HYBRID_MODES = ("step", "per_prompt")
+
+
+def parse_controller_spec(spec: str) -> tuple[str, int | str | None]:
+    """A controller spec string as ``(kind, argument)``; anything else is a ConfigError.
+
+    ``'sagc'`` -> ("sagc", None); ``'fixed:8'`` -> ("fixed", 8); ``'hybrid'`` -> ("hybrid", None)
+    (the mode of ``controller.hybrid.mode``); ``'hybrid:step'`` -> ("hybrid", "step");
+    ``'hybrid:per_prompt'`` -> ("hybrid", "per_prompt").
+    """
+    kind, sep, arg = spec.partition(":")
+    if kind == "sagc" and not sep:
         return "sagc", None
     if kind == "fixed" and arg.isdigit() and int(arg) >= 1:
         return "fixed", int(arg)
+    if kind == "hybrid" and not sep:
+        return "hybrid", None
+    if kind == "hybrid" and arg in HYBRID_MODES:
+        return "hybrid", arg
     raise ConfigError(
-        f"controller spec {spec!r} is not allowed; use 'sagc' or 'fixed:<G>' with G >= 1"
+        f"controller spec {spec!r} is not allowed; use 'sagc', 'fixed:<G>' with G >= 1, "
+        f"'hybrid', 'hybrid:step' or 'hybrid:per_prompt'"
     )
 
 

@@ -1,23 +1,36 @@
 """Host-side group-size controllers (numpy only; never imports jax)."""
 
-from sagc_jax.config import SAGCConfig
+from sagc_jax.config import HybridConfig, SAGCConfig
+from sagc_jax.controller.allocation import allocate
 from sagc_jax.controller.base import GroupController
 from sagc_jax.controller.factory import make_controller
 from sagc_jax.controller.fixed import FixedGroupController
+from sagc_jax.controller.hybrid import HybridController
 from sagc_jax.controller.observation import (
+    check_ragged_lengths,
     group_ratios,
     padding_waste,
+    ragged_median_ratio,
     straggler_observation,
 )
+from sagc_jax.controller.predictor import StragglePredictor
+from sagc_jax.controller.prompt_stats import PromptStats
 from sagc_jax.controller.sagc import SAGCController
 
 __all__ = [
     "FixedGroupController",
     "GroupController",
+    "HybridConfig",
+    "HybridController",
+    "PromptStats",
     "SAGCConfig",
     "SAGCController",
+    "StragglePredictor",
+    "allocate",
+    "check_ragged_lengths",
     "group_ratios",
     "make_controller",
     "padding_waste",
+    "ragged_median_ratio",
     "straggler_observation",
 ]

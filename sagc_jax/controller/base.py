@@ -25,8 +25,11 @@ class GroupController(abc.ABC):
         metrics = controller.observe(lengths_pg)   # [num_groups, G] response lengths
 
     Every controller measures stragglers the same way (``tau``, ``scope``) so that baselines and
-    SAGC report comparable straggler rates.
+    SAGC report comparable straggler rates. A controller with ``prompt_aware = True`` (the
+    hybrid) also takes the step's prompts through ``propose_for(prompt_ids, prompt_lengths)``.
     """
+
+    prompt_aware = False
 
     def __init__(self, candidates: tuple[int, ...], tau: float, scope: str) -> None:
         self.candidates = tuple(int(g) for g in candidates)
@@ -67,22 +70,35 @@ class GroupController(abc.ABC):
         ratios_p = group_ratios(arr)
         s_t = observation_from_ratios(arr, ratios_p, self.tau, self.scope)
         extra = self._learn(g, s_t)
+        return self._finish(g, s_t, arr.ravel(), ratios_p, extra)
+
+    def _finish(
+        self,
+        group_size: int | None,
+        s_t: float,
+        lengths_b: np.ndarray,
+        ratios_p: np.ndarray,
+        extra: dict[str, Any],
+    ) -> dict[str, Any]:
+        """Close the step: counters and the common metrics (``group_size`` None: mixed sizes,
+        not counted in ``mean_group_size`` and ``steps_per_candidate``)."""
         self._pending = None
         self.step += 1
         self.straggler_sum += s_t
-        self.group_size_sum += g
-        self.steps_per_candidate[self.candidates.index(g)] += 1
+        if group_size is not None:
+            self.group_size_sum += group_size
+            self.steps_per_candidate[self.candidates.index(group_size)] += 1
         return {
             "step": self.step - 1,
-            "group_size": g,
+            "group_size": group_size,
             "s_t": s_t,
             "straggler_rate": self.straggler_sum / self.step,
             "mean_group_size": self.group_size_sum / self.step,
             "group_ratios": ratios_p,
             "max_ratio": float(ratios_p.max()),
-            "padding_waste": padding_waste(arr),
-            "mean_length": float(arr.sum()) / arr.size,
-            "max_length": int(arr.max()),
+            "padding_waste": padding_waste(lengths_b),
+            "mean_length": float(lengths_b.sum()) / lengths_b.size,
+            "max_length": int(lengths_b.max()),
             **extra,
         }
 

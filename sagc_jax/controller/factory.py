@@ -1,27 +1,35 @@
-"""Build a controller from a spec string (``'sagc'``, ``'fixed:8'``) or the config section."""
+"""Build a controller from a spec string (``'sagc'``, ``'fixed:8'``, ``'hybrid:per_prompt'``) or
+the config section."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from sagc_jax.config import ControllerConfig, parse_controller_spec
 from sagc_jax.controller.base import GroupController
 from sagc_jax.controller.fixed import FixedGroupController
+from sagc_jax.controller.hybrid import HybridController
 from sagc_jax.controller.sagc import SAGCController
 
 
 def make_controller(spec: str | ControllerConfig, config: ControllerConfig | None = None):
     """A fresh controller.
 
-    ``spec`` is a :class:`ControllerConfig` or a string ``'sagc'`` / ``'fixed:G'``; with a string,
-    SAGC knobs and the straggler definition (tau, scope) come from ``config`` (defaults if None).
+    ``spec`` is a :class:`ControllerConfig` or a string ``'sagc'`` / ``'fixed:G'`` / ``'hybrid'``
+    / ``'hybrid:<mode>'``; with a string, the SAGC and hybrid knobs and the straggler definition
+    (tau, scope) come from ``config`` (defaults if None), the mode from the string if it has one.
     """
     if isinstance(spec, ControllerConfig):
         config = spec
-        spec = "sagc" if spec.kind == "sagc" else f"fixed:{spec.group_size}"
+        spec = spec.kind if spec.kind != "fixed" else f"fixed:{spec.group_size}"
     config = config or ControllerConfig()
-    kind, group_size = parse_controller_spec(spec)
+    kind, arg = parse_controller_spec(spec)
     if kind == "sagc":
         return SAGCController(config.sagc)
-    return FixedGroupController(group_size, tau=config.sagc.tau, scope=config.sagc.scope)
+    if kind == "hybrid":
+        hybrid = config.hybrid if arg is None else dataclasses.replace(config.hybrid, mode=arg)
+        return HybridController(config.sagc, hybrid)
+    return FixedGroupController(arg, tau=config.sagc.tau, scope=config.sagc.scope)
 
 
 __all__ = ["GroupController", "make_controller"]

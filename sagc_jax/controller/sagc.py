@@ -61,29 +61,46 @@ class SAGCController(GroupController):
         """Posterior mean straggler probability per candidate, ``alpha / (alpha + beta)``."""
         return self.alpha / (self.alpha + self.beta)
 
-    def _decide(self) -> int:
-        if self.step == 0:
-            return self.candidates[self.rung]
+    def _window(self) -> tuple[int, int]:
+        """Rungs ``lo..hi`` (inclusive) within ``radius`` of the current rung."""
         r = self.config.radius
-        lo, hi = max(0, self.rung - r), min(len(self.candidates) - 1, self.rung + r)
-        p_draw = self.rng.beta(self.alpha[lo : hi + 1], self.beta[lo : hi + 1]).tolist()
-        utility = self.utility[lo : hi + 1].tolist()
-        # Highest score; ties to the current rung, then to the smaller G.
-        best = max(
+        return max(0, self.rung - r), min(len(self.candidates) - 1, self.rung + r)
+
+    def _thompson_pick(self, lo: int, hi: int, utility, alpha, beta) -> int:
+        """Rung maximising ``utility[k] - lambda * p~_k`` with ``p~_k ~ Beta(alpha_k, beta_k)``.
+
+        ``utility``, ``alpha``, ``beta``: length ``hi - lo + 1``, for rungs ``lo..hi``. Ties go to
+        the current rung, then to the smaller G.
+        """
+        p_draw = self.rng.beta(alpha, beta).tolist()
+        utility = list(utility)
+        return max(
             range(lo, hi + 1),
             key=lambda k: (utility[k - lo] - self.lam * p_draw[k - lo], k == self.rung, -k),
         )
+
+    def _decide(self) -> int:
+        if self.step == 0:
+            return self.candidates[self.rung]
+        lo, hi = self._window()
+        window = slice(lo, hi + 1)
+        best = self._thompson_pick(
+            lo, hi, self.utility[window].tolist(), self.alpha[window], self.beta[window]
+        )
         return self.candidates[best]
 
-    def _learn(self, group_size: int, s_t: float) -> dict[str, Any]:
+    def _learn(self, group_size: int | None, s_t: float) -> dict[str, Any]:
+        """Decay every arm toward its prior, add ``s_t`` to the arm played (None: no arm, as
+        with a fixed rollout budget) and take the dual step."""
         cfg = self.config
-        played = self.candidates.index(group_size)
         self.alpha = cfg.alpha0 + cfg.gamma * (self.alpha - cfg.alpha0)
         self.beta = cfg.beta0 + cfg.gamma * (self.beta - cfg.beta0)
-        self.alpha[played] += s_t
-        self.beta[played] += 1.0 - s_t
+        if group_size is not None:
+            played = self.candidates.index(group_size)
+            self.alpha[played] += s_t
+            self.beta[played] += 1.0 - s_t
+            self.rung = played
         self.lam = min(max(self.lam + cfg.eta * (s_t - cfg.delta), 0.0), cfg.lambda_max)
-        self.rung = played
         return {"lambda": self.lam, "posterior_mean": self.posterior_mean.copy()}
 
     def state_dict(self) -> dict[str, Any]:

@@ -83,7 +83,7 @@ def write_csv(runs: list[SimRun], rows: list[dict], out_dir: Path) -> list[Path]
                     [
                         run.name,
                         t,
-                        int(run.group_size[t]),
+                        f"{run.group_size[t]:.6g}",
                         f"{run.s_t[t]:.6g}",
                         f"{run.lam[t]:.6g}",
                         f"{run.padding_waste[t]:.6g}",
@@ -97,7 +97,43 @@ def write_csv(runs: list[SimRun], rows: list[dict], out_dir: Path) -> list[Path]
                         for g in candidates
                     ]
                 )
-    return [summary_path, steps_path]
+    paths = [summary_path, steps_path]
+    calibrated = [run for run in runs if run.calibration is not None]
+    if calibrated:
+        paths.append(write_calibration(calibrated, out_dir / "calibration.csv"))
+    return paths
+
+
+def write_calibration(runs: list[SimRun], path: Path) -> Path:
+    """``calibration.csv``: per prompt-aware controller and bin of predicted straggle
+    probability, the groups, their mean prediction and their observed straggle rate."""
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["controller", "bin_low", "groups", "mean_predicted", "observed_rate"])
+        for run in runs:
+            cal = run.calibration
+            for i, low in enumerate(cal["bins"]):
+                pred, obs = cal["mean_predicted"][i], cal["observed_rate"][i]
+                writer.writerow(
+                    [
+                        run.name,
+                        f"{low:.3g}",
+                        int(cal["count"][i]),
+                        "" if np.isnan(pred) else f"{pred:.4f}",
+                        "" if np.isnan(obs) else f"{obs:.4f}",
+                    ]
+                )
+    return path
+
+
+def format_calibration(runs: list[SimRun]) -> str:
+    """One line per prompt-aware controller: ECE, Brier score and groups scored."""
+    return "\n".join(
+        f"{run.name}: calibration over {run.calibration['groups']} groups: "
+        f"ECE {run.calibration['ece']:.3f}, Brier {run.calibration['brier']:.3f}"
+        for run in runs
+        if run.calibration is not None
+    )
 
 
 def write_plots(runs: list[SimRun], out_dir: Path, delta: float) -> list[Path]:

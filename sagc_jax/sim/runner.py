@@ -17,7 +17,8 @@ class SimRun:
 
     name: str
     candidates: tuple[int, ...]
-    group_size: np.ndarray  # int [T]
+    group_size: np.ndarray  # float [T], rollouts per prompt (the G of a uniform step)
+    log2_group_size: np.ndarray  # float [T], mean over the step's groups of log2 G
     s_t: np.ndarray  # float [T]
     lam: np.ndarray  # float [T] (0 for fixed baselines)
     posterior_mean: np.ndarray  # float [T, K] (nan for fixed baselines)
@@ -29,6 +30,7 @@ class SimRun:
     mean_length: np.ndarray  # float [T]
     num_sequences: np.ndarray  # int [T], rollouts generated at each step
     bootstrapped_steps: int = 0
+    calibration: dict | None = None  # prompt-aware controllers: predicted vs observed straggle
 
     def summary(self) -> dict:
         """One row of the comparison table."""
@@ -37,7 +39,7 @@ class SimRun:
             "controller": self.name,
             "straggler_rate": float(self.s_t.mean()),
             "mean_G": float(self.group_size.mean()),
-            "mean_log2_G": float(np.log2(self.group_size).mean()),
+            "mean_log2_G": float(self.log2_group_size.mean()),
             "rollouts": int(self.num_sequences.sum()),
             "wall_clock_h": total / 3600.0,
             "rollout_share": float(self.rollout_seconds.sum()) / total if total else 0.0,
@@ -46,30 +48,57 @@ class SimRun:
         }
 
 
+def _play_step(controller: GroupController, workload, t: int):
+    """Decide, generate and observe step ``t``; ``(sizes_p, lengths_b, prompt_tokens, metrics)``."""
+    ids_p, tokens_p = workload.prompts(t)
+    if controller.prompt_aware:
+        decision = controller.propose_for(ids_p, tokens_p)
+    else:
+        decision = controller.propose()
+    if np.ndim(decision) == 0:  # one G for the step
+        g = int(decision)
+        lengths_pg = workload.lengths(t, g)
+        sizes_p = np.full(lengths_pg.shape[0], g, dtype=np.int64)
+        metrics = controller.observe(lengths_pg)
+        lengths_b = lengths_pg.ravel()
+    else:  # a size per prompt: the first sizes[p] completions of each prompt
+        sizes_p = np.asarray(decision, dtype=np.int64)
+        lengths_pg = workload.lengths(t, int(sizes_p.max()))
+        lengths_b = lengths_pg[np.arange(lengths_pg.shape[1])[None, :] < sizes_p[:, None]]
+        metrics = controller.observe(lengths_b, group_sizes=sizes_p)
+    if np.all(tokens_p == tokens_p[0]):
+        tokens = int(tokens_p[0])
+    else:
+        tokens = np.repeat(tokens_p, sizes_p)
+    return sizes_p, lengths_b, tokens, metrics
+
+
 def run_controller(name: str, controller: GroupController, workload, cfg: Config) -> SimRun:
-    """Play ``controller`` for every step of ``workload`` (its ``num_steps``)."""
+    """Play ``controller`` for every step of ``workload`` (its ``num_steps``).
+
+    A prompt-aware controller gets the step's prompt ids and prompt lengths
+    (``workload.prompts``) and may answer a size per prompt; the step then generates the first
+    ``sizes[p]`` completions of each prompt and its time follows the longest sequence.
+    """
     steps = workload.num_steps
     k = len(controller.candidates)
     hist = {
         key: np.zeros(steps)
-        for key in ("s_t", "lam", "waste", "max_ratio", "rollout", "update", "mean_len")
+        for key in ("g", "log2_g", "s_t", "lam", "waste", "max_ratio", "rollout", "update")
     }
-    group_size = np.zeros(steps, dtype=np.int64)
+    hist["mean_len"] = np.zeros(steps)
     num_sequences = np.zeros(steps, dtype=np.int64)
     posterior = np.full((steps, k), np.nan)
     ratios = []
     bootstrapped = 0
-    prompt_tokens = getattr(workload, "prompt_tokens_per_step", None)
     for t in range(steps):
-        g = controller.propose()
-        lengths_pg = workload.lengths(t, g)
+        sizes_p, lengths_b, tokens, m = _play_step(controller, workload, t)
         if hasattr(workload, "is_bootstrapped"):
-            bootstrapped += workload.is_bootstrapped(t, g)
-        m = controller.observe(lengths_pg)
-        tokens = prompt_tokens[t] if prompt_tokens is not None else workload.prompt_tokens
-        rollout, update = step_seconds(lengths_pg, tokens, cfg.sim)
-        group_size[t] = g
-        num_sequences[t] = lengths_pg.size
+            bootstrapped += workload.is_bootstrapped(t, int(sizes_p.max()))
+        rollout, update = step_seconds(lengths_b, tokens, cfg.sim)
+        hist["g"][t] = lengths_b.size / sizes_p.size
+        hist["log2_g"][t] = np.log2(sizes_p).mean()
+        num_sequences[t] = lengths_b.size
         hist["s_t"][t] = m["s_t"]
         hist["lam"][t] = m.get("lambda", 0.0)
         hist["waste"][t] = m["padding_waste"]
@@ -82,7 +111,8 @@ def run_controller(name: str, controller: GroupController, workload, cfg: Config
     return SimRun(
         name=name,
         candidates=controller.candidates,
-        group_size=group_size,
+        group_size=hist["g"],
+        log2_group_size=hist["log2_g"],
         s_t=hist["s_t"],
         lam=hist["lam"],
         posterior_mean=posterior,
@@ -94,6 +124,7 @@ def run_controller(name: str, controller: GroupController, workload, cfg: Config
         mean_length=hist["mean_len"],
         num_sequences=num_sequences,
         bootstrapped_steps=int(bootstrapped),
+        calibration=controller.calibration() if controller.prompt_aware else None,
     )
 
 

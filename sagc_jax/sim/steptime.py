@@ -13,12 +13,23 @@ import numpy as np
 from sagc_jax.config import SimConfig
 
 
-def step_seconds(lengths_pg: np.ndarray, prompt_tokens: int, cfg: SimConfig) -> tuple[float, float]:
-    """``(rollout_seconds, update_seconds)`` of one step with response lengths ``[P, G]``."""
-    num_seqs = lengths_pg.size
-    prefill = cfg.prefill_token_seconds * num_seqs * prompt_tokens
+def step_seconds(lengths, prompt_tokens, cfg: SimConfig) -> tuple[float, float]:
+    """``(rollout_seconds, update_seconds)`` of one step.
+
+    ``lengths``: response lengths of every sequence of the step, ``[P, G]`` or flat ``[B]``
+    (groups of mixed sizes); ``prompt_tokens``: the prompt length of every sequence (an int)
+    or per sequence (an array of ``lengths.size``, in the same order).
+    """
+    lengths = np.asarray(lengths)
+    num_seqs = lengths.size
+    if np.ndim(prompt_tokens) == 0:
+        prefill = cfg.prefill_token_seconds * num_seqs * prompt_tokens
+        prompt_total = num_seqs * prompt_tokens
+    else:
+        prompt_total = int(np.sum(prompt_tokens))
+        prefill = cfg.prefill_token_seconds * prompt_total
     decode_step = cfg.decode_step_seconds + cfg.decode_seq_seconds * num_seqs
-    rollout = prefill + int(lengths_pg.max()) * decode_step
-    tokens = num_seqs * prompt_tokens + int(lengths_pg.sum())
+    rollout = prefill + int(lengths.max()) * decode_step
+    tokens = prompt_total + int(lengths.sum())
     update = cfg.step_overhead_seconds + cfg.update_token_seconds * tokens
     return rollout, update

@@ -1,6 +1,7 @@
 """Rollout-length workloads: where the simulator's per-step response lengths come from.
 
-A workload answers ``lengths(step, group_size) -> int64 [num_prompts, group_size]``. Workloads
+A workload answers ``lengths(step, group_size) -> int64 [num_prompts, group_size]`` and
+``prompts(step) -> (prompt_ids, prompt_tokens)``, int64 ``[num_prompts]`` each. Workloads
 use common random numbers: the first G completions of a prompt are the same whatever G is asked
 for, so controllers compared on one workload see the same prompts and the same rollouts.
 """
@@ -20,12 +21,20 @@ def _rng(*key: int) -> np.random.Generator:
 
 
 class SyntheticWorkload:
-    """The parameterised reasoning-RL length model described in :class:`SimConfig`."""
+    """The parameterised reasoning-RL length model described in :class:`SimConfig`.
+
+    ``sim.prompt_pool: 0``: every step draws fresh prompts. ``sim.prompt_pool: N``: a fixed pool
+    of N prompts revisited every epoch; every prompt keeps its length scale, success
+    probability, straggle tendency and prompt length for the whole run (lengths still drift over
+    training). Each epoch visits the pool in a new seeded order; step t takes positions
+    ``t*P .. t*P+P-1`` of the epochs laid end to end (a step may straddle two epochs).
+    """
 
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
         self.num_steps = cfg.steps
         self.prompt_tokens = cfg.prompt_tokens
+        self.pool = _PromptPool(cfg, self._success) if cfg.prompt_pool else None
 
     def median_at(self, step: int) -> float:
         """Drifting length scale ``m_t``: geometric from median_start to median_end."""
@@ -40,33 +49,89 @@ class SyntheticWorkload:
         frac = step / max(1, self.cfg.steps - 1)
         return self.cfg.group_sigma + (end - self.cfg.group_sigma) * frac
 
+    def prompts(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(prompt_ids, prompt_tokens)`` of the step, int64 ``[P]`` each: pool indices and
+        their prompt lengths, or (no pool) fresh ids never revisited, all ``prompt_tokens``."""
+        num = self.cfg.prompts_per_step
+        if self.pool is not None:
+            ids = self.pool.ids_at(step, num)
+            return ids, self.pool.prompt_tokens_p[ids]
+        ids = step * num + np.arange(num, dtype=np.int64)
+        return ids, np.full(num, self.prompt_tokens, dtype=np.int64)
+
     def lengths(self, step: int, group_size: int) -> np.ndarray:
         cfg = self.cfg
-        sigma = self.group_sigma_at(step)
-        num_prompts = cfg.prompts_per_step
-        prompt_rng = _rng(cfg.seed, step, 0)
-        z_p = prompt_rng.standard_normal(num_prompts)
-        a = cfg.success_mean * cfg.success_concentration
-        b = (1.0 - cfg.success_mean) * cfg.success_concentration
-        if cfg.success_mean in (0.0, 1.0):
-            success_p = np.full(num_prompts, cfg.success_mean)
+        sigma, runaway = self.group_sigma_at(step), cfg.runaway_prob
+        if self.pool is None:
+            prompt_rng = _rng(cfg.seed, step, 0)
+            z_p = prompt_rng.standard_normal(cfg.prompts_per_step)
+            success_p = self._success(prompt_rng, cfg.prompts_per_step)
         else:
-            success_p = prompt_rng.beta(a, b, size=num_prompts)
+            ids = self.pool.ids_at(step, cfg.prompts_per_step)
+            z_p, success_p = self.pool.z_p[ids], self.pool.success_p[ids]
+            sigma, runaway = sigma * self.pool.spread_p[ids], self.pool.runaway_p[ids]
         log_scale_p = np.log(self.median_at(step)) + cfg.prompt_sigma * z_p
-        lengths_gp = np.empty((group_size, num_prompts), dtype=np.int64)
+        lengths_gp = np.empty((group_size, z_p.size), dtype=np.int64)
         for i in range(group_size):  # one stream per completion index: common random numbers
             rng = _rng(cfg.seed, step, 1 + i)
             if np.isinf(cfg.tail_df):
-                noise = rng.standard_normal(num_prompts)
+                noise = rng.standard_normal(z_p.size)
             else:
-                noise = rng.standard_t(cfg.tail_df, size=num_prompts)
-            failed = rng.random(num_prompts) >= success_p
-            runaway = rng.random(num_prompts) < cfg.runaway_prob
+                noise = rng.standard_t(cfg.tail_df, size=z_p.size)
+            failed = rng.random(z_p.size) >= success_p
+            runaway_p = rng.random(z_p.size) < runaway
             raw = np.exp(log_scale_p + sigma * noise)
             raw = raw * np.where(failed, cfg.failure_length_ratio, 1.0)
             length = np.minimum(np.ceil(raw), cfg.max_new_tokens)
-            lengths_gp[i] = np.where(runaway, cfg.max_new_tokens, np.maximum(length, 1))
+            lengths_gp[i] = np.where(runaway_p, cfg.max_new_tokens, np.maximum(length, 1))
         return lengths_gp.T.copy()
+
+    def _success(self, rng: np.random.Generator, num: int) -> np.ndarray:
+        """Per-prompt success probability, Beta with mean ``success_mean``."""
+        cfg = self.cfg
+        if cfg.success_mean in (0.0, 1.0):
+            return np.full(num, cfg.success_mean)
+        a = cfg.success_mean * cfg.success_concentration
+        b = (1.0 - cfg.success_mean) * cfg.success_concentration
+        return rng.beta(a, b, size=num)
+
+
+_POOL_KEY = 2**32 - 1  # a "step" no run reaches: the pool's streams never meet a step's
+
+
+class _PromptPool:
+    """The persistent per-prompt parameters of ``sim.prompt_pool`` (see :class:`SimConfig`)."""
+
+    def __init__(self, cfg: SimConfig, success) -> None:
+        n = cfg.prompt_pool
+        self.seed, self.size = cfg.seed, n
+        rng = _rng(cfg.seed, _POOL_KEY, 1)
+        self.z_p = rng.standard_normal(n)
+        self.success_p = success(rng, n)
+        v_p = rng.standard_normal(n)  # straggle tendency
+        rho = cfg.prompt_length_corr
+        w_p = rho * v_p + np.sqrt(1.0 - rho * rho) * rng.standard_normal(n)
+        h = cfg.prompt_heterogeneity
+        self.tendency_p = v_p
+        self.spread_p = np.exp(0.5 * h * v_p)
+        self.runaway_p = np.minimum(1.0, cfg.runaway_prob * np.exp(h * v_p - 0.5 * h * h))
+        tokens = np.rint(cfg.prompt_tokens * np.exp(cfg.prompt_length_sigma * w_p))
+        self.prompt_tokens_p = np.maximum(1, tokens).astype(np.int64)
+        self._orders: dict[int, np.ndarray] = {}
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The pool's visiting order in ``epoch`` (seeded)."""
+        if epoch not in self._orders:
+            self._orders[epoch] = _rng(self.seed, _POOL_KEY, 2, epoch).permutation(self.size)
+        return self._orders[epoch]
+
+    def ids_at(self, step: int, num: int) -> np.ndarray:
+        pos = step * num + np.arange(num)
+        epochs, within = pos // self.size, pos % self.size
+        return np.array(
+            [self.order(e)[k] for e, k in zip(epochs.tolist(), within.tolist(), strict=True)],
+            dtype=np.int64,
+        )
 
 
 class ReplayWorkload:
@@ -120,6 +185,13 @@ class ReplayWorkload:
         if not self.records:
             raise ValueError(f"{self.path}: the replay log has no line with 'lengths'")
         self.num_steps = len(self.records)
+
+    def prompts(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(prompt_ids, prompt_tokens)``: the log has no ids, so every group is a new prompt."""
+        num = self.records[step].shape[0]
+        start = sum(r.shape[0] for r in self.records[:step])
+        ids = start + np.arange(num, dtype=np.int64)
+        return ids, np.full(num, self.prompt_tokens_per_step[step], dtype=np.int64)
 
     def lengths(self, step: int, group_size: int) -> np.ndarray:
         logged = self.records[step]

@@ -1,0 +1,410 @@
+"""The prompt-aware hybrid controller: per-prompt table, predictor, allocation, resume (numpy)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from sagc_jax.config import (
+    ConfigError,
+    ControllerConfig,
+    HybridConfig,
+    SAGCConfig,
+    load_config,
+    parse_controller_spec,
+)
+from sagc_jax.controller import (
+    HybridController,
+    PromptStats,
+    SAGCController,
+    StragglePredictor,
+    allocate,
+    check_ragged_lengths,
+    group_ratios,
+    make_controller,
+    ragged_median_ratio,
+)
+
+LADDER = (4, 8, 16)
+
+
+def tail_groups(rng, q_p, sizes_p):
+    """Groups of lengths 100, each rollout a tail (1000) with its prompt's probability q_p."""
+    return [np.where(rng.random(g) < q, 1000, 100) for q, g in zip(q_p, sizes_p, strict=True)]
+
+
+def drive(ctrl, q_pool, steps, rng, num_prompts=16, lengths_pool=None):
+    """``steps`` steps over a pool with per-prompt tail probabilities; returns the decisions."""
+    decisions = []
+    for _ in range(steps):
+        ids = rng.choice(q_pool.size, num_prompts, replace=False)
+        plen = None if lengths_pool is None else lengths_pool[ids]
+        d = ctrl.propose_for(ids, plen)
+        sizes = np.full(num_prompts, d) if np.ndim(d) == 0 else d
+        ctrl.observe(tail_groups(rng, q_pool[ids], sizes))
+        decisions.append(np.atleast_1d(d).copy())
+    return decisions
+
+
+# ---------------------------------------------------------------- the per-prompt table
+
+
+def visit(stats, step, ids, tails, rollouts, median=100.0, ratio=1.0, straggle=0.0, **kw):
+    n = len(ids)
+    stats.update(
+        step,
+        np.asarray(ids),
+        tails_p=np.full(n, tails, dtype=float),
+        rollouts_p=np.full(n, rollouts, dtype=float),
+        median_p=np.full(n, median),
+        ratio_p=np.full(n, ratio),
+        straggle_p=np.full(n, straggle),
+        prompt_length_p=np.full(n, 50),
+        **kw,
+    )
+
+
+def test_table_update_decays_per_visit():
+    stats = PromptStats(capacity=8, decay=0.5)
+    visit(stats, 0, [7], tails=2, rollouts=8, median=100.0, ratio=4.0, straggle=1.0)
+    visit(stats, 3, [7], tails=0, rollouts=4, median=400.0, ratio=1.0, straggle=0.0)
+    rec = {k: v[0] for k, v in stats.record([7]).items()}
+    # decayed sums: weight 0.5 * 1 + 1 = 1.5; tails 0.5 * 2 + 0 = 1; rollouts 0.5 * 8 + 4 = 8
+    assert rec["visits"] == 2 and rec["last_seen"] == 3
+    assert rec["tail_rate"] == pytest.approx(1 / 8)
+    assert rec["ratio"] == pytest.approx((0.5 * 4 + 1) / 1.5)
+    assert rec["straggle_rate"] == pytest.approx(0.5 / 1.5)
+    assert rec["median"] == pytest.approx(np.exp((0.5 * np.log(100) + np.log(400)) / 1.5))
+    assert np.isnan(rec["pass_rate"])
+    visit(stats, 4, [7], tails=0, rollouts=4, pass_rate_p=np.array([0.25]))
+    assert stats.record([7])["pass_rate"][0] == pytest.approx(0.25)
+    unknown = stats.record([99])
+    assert unknown["visits"][0] == 0 and np.isnan(unknown["tail_rate"][0])
+
+
+def test_table_pools_a_prompt_repeated_within_a_step():
+    stats = PromptStats(capacity=8, decay=0.5)
+    stats.update(
+        0,
+        np.array([5, 5]),
+        tails_p=np.array([1.0, 3.0]),
+        rollouts_p=np.array([4.0, 4.0]),
+        median_p=np.array([100.0, 100.0]),
+        ratio_p=np.array([2.0, 4.0]),
+        straggle_p=np.array([0.0, 1.0]),
+        prompt_length_p=np.array([10, 10]),
+    )
+    assert len(stats) == 1 and stats.visits[0] == 1
+    assert stats.record([5])["tail_rate"][0] == pytest.approx(4 / 8)
+    assert stats.record([5])["ratio"][0] == pytest.approx(3.0)
+
+
+def test_table_evicts_least_recently_seen_and_stays_bounded():
+    stats = PromptStats(capacity=4, decay=0.5)
+    nbytes = sum(a.nbytes for a in (stats.ids, stats.last_seen, *stats.sums.values()))
+    visit(stats, 0, [10, 11, 12, 13], tails=0, rollouts=4)
+    visit(stats, 1, [11, 13], tails=1, rollouts=4)  # 10 and 12 are now the oldest
+    visit(stats, 2, [20, 21], tails=0, rollouts=4)
+    assert sorted(stats._index) == [11, 13, 20, 21] and stats.evictions == 2
+    assert stats.lookup([10, 12]).tolist() == [-1, -1]
+    assert stats.record([20])["visits"][0] == 1  # a reused slot starts afresh
+    # all four seen at step 2 or 1: 11 (slot 1) and 13 (slot 3) tie at step 1 -> lower slot goes
+    visit(stats, 3, [30], tails=0, rollouts=4)
+    assert 11 not in stats._index and 13 in stats._index
+    for step in range(4, 40):
+        visit(stats, step, [100 + step, 200 + step], tails=0, rollouts=4)
+        assert len(stats) <= 4 and len(stats._index) == len(stats)
+    assert sum(a.nbytes for a in (stats.ids, stats.last_seen, *stats.sums.values())) == nbytes
+    with pytest.raises(ValueError, match="exceed controller.hybrid.capacity = 4"):
+        visit(stats, 50, [1, 2, 3, 4, 5], tails=0, rollouts=4)
+
+
+def test_table_state_round_trip_is_exact():
+    rng = np.random.default_rng(0)
+    stats = PromptStats(capacity=16, decay=0.7)
+    for step in range(30):
+        ids = rng.choice(40, 6, replace=False)
+        visit(stats, step, ids, tails=float(rng.integers(0, 3)), rollouts=8.0)
+    restored = PromptStats(capacity=16, decay=0.7)
+    restored.load_state_dict(stats.state_dict())
+    for key, value in stats.state_dict().items():
+        np.testing.assert_array_equal(restored.state_dict()[key], value, err_msg=key)
+    assert restored._index == stats._index
+    with pytest.raises(ValueError, match="capacity"):
+        PromptStats(capacity=8).load_state_dict(stats.state_dict())
+
+
+# ---------------------------------------------------------------- the predictor
+
+
+def observe_prompts(pred, step, ids, plen, tails, rollouts):
+    n = len(ids)
+    sizes = np.full(n, rollouts, dtype=np.int64)
+    pred.update(
+        step,
+        np.asarray(tails, dtype=float),
+        sizes,
+        np.asarray(tails) > 0,
+        {"ids": np.asarray(ids), "lengths": np.asarray(plen), "difficulty": None},
+        np.full(n, 100.0),
+        np.full(n, 1.0),
+    )
+
+
+def test_predictor_falls_back_prompt_then_feature_bin_then_global():
+    cfg = HybridConfig(prior_strength=4.0, length_bins=(100, 1000))
+    pred = StragglePredictor(cfg, LADDER, gamma=1.0)
+    assert pred.global_rate == 0.05  # (0 + 0.05) / (0 + 1) before any observation
+    # prompts 1, 2 (short, bin 0) see tails; prompt 3 (long, bin 1) none
+    observe_prompts(pred, 0, [1, 2, 3], [50, 60, 5000], tails=[2, 0, 0], rollouts=8)
+    q_g = (2 + 0.05) / (24 + 1)
+    assert pred.global_rate == pytest.approx(q_g)
+    q_short = (2 + 4 * q_g) / (16 + 4)
+    q_long = (0 + 4 * q_g) / (8 + 4)
+    a, b = pred.tail_posterior([1, 9, 8, 7], [50, 70, 5000, 500])
+    q = a / (a + b)
+    assert q[0] == pytest.approx((2 + 4 * q_short) / (8 + 4))  # seen: its own history
+    assert q[1] == pytest.approx(q_short)  # unseen, short: its feature bin
+    assert q[2] == pytest.approx(q_long)
+    assert q[3] == pytest.approx(q_g)  # unseen, in a bin nobody has been seen in: global
+    risk = pred.straggle_probability([1, 9, 8, 7], [50, 70, 5000, 500])
+    np.testing.assert_allclose(risk, 1 - (1 - q[:, None]) ** np.array(LADDER))
+    assert np.all(np.diff(risk, axis=1) > 0)  # more rollouts, likelier to straggle
+
+
+def test_predictor_is_calibrated_where_the_truth_is_known():
+    """Independent tails with per-prompt probability q: the truth is 1 - (1 - q)^G.
+
+    The prompts do not change, so the test forgets nothing (decay 1); with the default 0.5 a
+    prompt's record holds about 16 rollouts, too few to rank prompts this close.
+    """
+    rng = np.random.default_rng(3)
+    q_pool = rng.uniform(0.0, 0.08, size=128)
+    pred = StragglePredictor(HybridConfig(decay=1.0), LADDER, gamma=0.95)
+    g = 8
+    predicted, truth, observed = [], [], []
+    for step in range(240):  # 30 epochs of the pool
+        ids = rng.permutation(128)[:32]
+        p_hat = pred.straggle_at(ids, np.full(32, -1), None, np.full(32, g))
+        tails = np.array([np.count_nonzero(grp == 1000) for grp in tail_groups(rng, q_pool[ids], [g] * 32)])
+        if step >= 80:
+            predicted.append(p_hat)
+            truth.append(1 - (1 - q_pool[ids]) ** g)
+            observed.append(tails > 0)
+        observe_prompts(pred, step, ids, np.full(32, -1), tails, g)
+    predicted, truth, observed = map(np.concatenate, (predicted, truth, observed))
+    assert abs(predicted.mean() - observed.mean()) < 0.02
+    assert np.corrcoef(predicted, truth)[0, 1] > 0.85  # it tells risky prompts from safe ones
+    cal = pred.calibration()
+    assert cal["groups"] == 240 * 32 and cal["ece"] < 0.05
+    bulk = cal["count"] >= 1000  # sparse top bins hold the prompts that looked worst by chance
+    assert bulk.sum() >= 4
+    np.testing.assert_allclose(cal["mean_predicted"][bulk], cal["observed_rate"][bulk], atol=0.05)
+
+
+# ---------------------------------------------------------------- allocation
+
+
+def risk_values(q_p, lam):
+    g = np.array(LADDER, dtype=float)
+    return np.log2(g)[None, :] - lam * (1 - (1 - q_p[:, None]) ** g[None, :])
+
+
+def test_allocation_sums_to_the_budget_with_ladder_sizes_only():
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        ladder = (4, 8, 16) if trial % 2 else (2, 3, 8, 12)
+        p = int(rng.integers(2, 40))
+        budget = int(rng.integers(p * ladder[0], p * ladder[-1] + 1))
+        if ladder == (4, 8, 16):
+            budget -= budget % 4
+        value = rng.normal(size=(p, len(ladder))) + np.log2(ladder)
+        try:
+            rung = allocate(value, ladder, max(budget, p * ladder[0]))
+        except ValueError as err:
+            assert "cannot be reached exactly" in str(err)
+            continue
+        sizes = np.asarray(ladder)[rung]
+        assert sizes.sum() == max(budget, p * ladder[0]) and set(sizes) <= set(ladder)
+    with pytest.raises(ValueError, match="must lie in \\[8, 32\\]"):
+        allocate(np.zeros((2, 3)), LADDER, 40)
+    with pytest.raises(ValueError, match="cannot be reached exactly"):
+        allocate(np.zeros((1, 3)), LADDER, 12)
+    # greedy stuck at [8, 16, 8] (36 - 32 = 4 left, no upgrade of 4 rows): fixed by a swap
+    rung = allocate(risk_values(np.zeros(3), 0.0), LADDER, 36)
+    assert sorted(np.asarray(LADDER)[rung].tolist()) == [4, 16, 16]
+
+
+def test_allocation_gives_risky_prompts_smaller_groups():
+    q_p = np.array([0.0, 0.05, 0.002, 0.03, 0.01, 0.04, 0.0, 0.02])
+    for lam in (0.0, 2.0, 5.0, 20.0):
+        sizes = np.asarray(LADDER)[allocate(risk_values(q_p, lam), LADDER, 8 * len(q_p))]
+        order = np.argsort(q_p, kind="stable")
+        assert np.all(np.diff(sizes[order]) <= 0), (lam, sizes)
+        if lam == 0.0:
+            assert np.all(sizes == 8)  # log2 is concave: no risk price, equal groups
+    assert sizes.min() == 4 and sizes.max() == 16  # the price is felt
+    # deterministic, ties to the earlier prompt
+    twins = allocate(risk_values(np.zeros(3), 1.0), LADDER, 28)
+    assert np.asarray(LADDER)[twins].tolist() == [16, 8, 4]
+
+
+# ---------------------------------------------------------------- mixed-size observation
+
+
+def test_mixed_size_observation_equals_per_group_computation():
+    rng = np.random.default_rng(1)
+    sizes = np.array([4, 16, 8, 4, 8, 16, 1, 2])
+    groups = [rng.integers(0, 500, size=g) for g in sizes]
+    groups[1][3] = 5000
+    flat, got_sizes = check_ragged_lengths(np.concatenate(groups), sizes)
+    np.testing.assert_array_equal(got_sizes, sizes)
+    med, ratio = ragged_median_ratio(flat, sizes)
+    for p, grp in enumerate(groups):
+        assert med[p] == np.median(grp)
+        assert ratio[p] == grp.max() / max(1.0, np.median(grp))
+    padded = np.zeros((sizes.size, 16), dtype=np.int64)
+    for p, grp in enumerate(groups):
+        padded[p, : grp.size] = grp
+    for form, gs in ((groups, None), (padded, sizes)):
+        f2, s2 = check_ragged_lengths(form, gs)
+        np.testing.assert_array_equal(f2, flat)
+        np.testing.assert_array_equal(s2, sizes)
+    uniform = rng.integers(0, 900, size=(5, 8))
+    _, r = ragged_median_ratio(uniform.ravel(), np.full(5, 8))
+    np.testing.assert_array_equal(r, group_ratios(uniform))  # bit for bit
+    with pytest.raises(ValueError, match="do not match group_sizes"):
+        check_ragged_lengths(flat[:-1], sizes)
+    with pytest.raises(ValueError, match="do not fit group_sizes"):
+        check_ragged_lengths(padded[:, :8], sizes)
+
+
+def test_per_prompt_observe_reports_the_fraction_of_straggling_groups():
+    ctrl = HybridController(SAGCConfig(tau=3.0), HybridConfig(mode="per_prompt"))
+    sizes = ctrl.propose_for(np.arange(4), np.full(4, 64))
+    assert sizes.tolist() == [8, 8, 8, 8]  # step 0: the middle rung, no price yet
+    groups = [np.full(8, 100) for _ in range(4)]
+    groups[2][0] = 400  # 400 / 100 > 3
+    m = ctrl.observe(np.concatenate(groups))
+    assert m["s_t"] == 0.25 and m["group_sizes"].tolist() == [8, 8, 8, 8]
+    np.testing.assert_array_equal(m["group_ratios"], [1.0, 1.0, 4.0, 1.0])
+
+
+# ---------------------------------------------------------------- the controller
+
+
+@pytest.mark.parametrize("mode", ["step", "per_prompt"])
+@pytest.mark.parametrize("mid_step", [False, True])
+def test_state_dict_restores_exact_decisions(mode, mid_step):
+    rng_q = np.random.default_rng(5)
+    q_pool = rng_q.uniform(0.0, 0.15, size=48)
+    lengths_pool = rng_q.integers(20, 3000, size=48)
+    cfg = SAGCConfig(seed=9, delta=0.25)
+    original = HybridController(cfg, HybridConfig(mode=mode, capacity=32))  # evictions too
+    drive(original, q_pool, 40, np.random.default_rng(0), lengths_pool=lengths_pool)
+    if mid_step:
+        original.propose_for(np.arange(16), lengths_pool[:16])
+    state = original.state_dict()
+    for key, value in state.items():
+        assert isinstance(value, np.ndarray | int | float | str), key
+    restored = HybridController(dataclasses.replace(cfg, seed=123), HybridConfig(mode=mode, capacity=32))
+    restored.load_state_dict(state)
+    if mid_step:  # the pending proposal survives, and its observation continues the run
+        for ctrl in (original, restored):
+            d = ctrl.propose_for(np.arange(16), lengths_pool[:16])
+            sizes = np.full(16, d) if np.ndim(d) == 0 else d
+            ctrl.observe(tail_groups(np.random.default_rng(2), q_pool[:16], sizes))
+    a = drive(original, q_pool, 40, np.random.default_rng(1), lengths_pool=lengths_pool)
+    b = drive(restored, q_pool, 40, np.random.default_rng(1), lengths_pool=lengths_pool)
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert original.lam == restored.lam and original.predictor.stats.evictions > 0
+    for key, value in original.state_dict().items():
+        np.testing.assert_array_equal(restored.state_dict()[key], value, err_msg=key)
+    with pytest.raises(ValueError, match="mode"):
+        other = "step" if mode == "per_prompt" else "per_prompt"
+        HybridController(cfg, HybridConfig(mode=other, capacity=32)).load_state_dict(state)
+
+
+def test_step_mode_without_prediction_is_sagc():
+    rng = np.random.default_rng(0)
+    hybrid = HybridController(SAGCConfig(seed=4), HybridConfig(prediction_weight=0.0))
+    sagc = SAGCController(SAGCConfig(seed=4))
+    q_pool = rng.uniform(0, 0.1, size=32)
+    for _ in range(80):
+        ids = rng.choice(32, 8, replace=False)
+        g = sagc.propose()
+        assert hybrid.propose_for(ids) == g
+        groups = tail_groups(rng, q_pool[ids], [g] * 8)
+        sagc.observe(np.stack(groups))
+        hybrid.observe(np.stack(groups))
+    np.testing.assert_array_equal(hybrid.alpha, sagc.alpha)
+    assert hybrid.lam == sagc.lam
+
+
+def test_step_mode_prefers_small_groups_for_risky_prompts():
+    """Same posteriors and price: a step of risky prompts is likelier to get a smaller G."""
+    rng = np.random.default_rng(2)
+    q_pool = np.concatenate([np.full(64, 0.002), np.full(64, 0.12)])
+    ctrl = HybridController(SAGCConfig(seed=1, delta=0.3), HybridConfig(prediction_weight=30.0))
+    drive(ctrl, q_pool, 120, rng)
+    state = ctrl.state_dict()
+    picks = {}
+    for name, ids in (("safe", np.arange(16)), ("risky", np.arange(64, 80))):
+        gs = []
+        for seed in range(60):
+            trial = HybridController(SAGCConfig(), HybridConfig(prediction_weight=30.0))
+            trial.load_state_dict({**state, "rng": SAGCController(SAGCConfig(seed=seed)).state_dict()["rng"]})
+            gs.append(trial.propose_for(ids))
+        picks[name] = np.mean(np.log2(gs))
+    assert picks["risky"] < picks["safe"]
+
+
+def test_proposal_protocol_and_errors():
+    ctrl = HybridController(hybrid=HybridConfig(mode="per_prompt", rollout_budget=40))
+    with pytest.raises(RuntimeError, match="propose_for"):
+        ctrl.propose()
+    with pytest.raises(RuntimeError, match="before propose_for"):
+        ctrl.observe(np.ones(40, int))
+    with pytest.raises(ValueError, match="must lie in"):
+        ctrl.propose_for(np.arange(2))  # 2 prompts cannot take 40 rows from [4, 8, 16]
+    sizes = ctrl.propose_for(np.arange(4), np.array([10, 20, 30, 40]))
+    assert sizes.sum() == 40
+    np.testing.assert_array_equal(ctrl.propose_for(np.arange(4), np.array([10, 20, 30, 40])), sizes)
+    with pytest.raises(RuntimeError, match="other prompts"):
+        ctrl.propose_for(np.arange(1, 5), np.array([10, 20, 30, 40]))
+    with pytest.raises(ValueError, match="differ from the proposed"):
+        ctrl.observe(np.ones(40, int), group_sizes=np.array([16, 16, 4, 4]))
+    with pytest.raises(ValueError, match="prompt_ids differ"):
+        ctrl.observe(np.ones(40, int), prompt_ids=np.arange(1, 5))
+    with pytest.raises(ValueError, match="integer array"):
+        HybridController().propose_for(np.array([0.5, 1.5]))
+    m = ctrl.observe(np.ones(40, int), rewards=np.ones(40))  # the rejected calls changed nothing
+    assert m["step"] == 0 and ctrl.predictor.stats.record([0])["pass_rate"][0] == 1.0
+    step = HybridController()
+    g = step.propose()  # step mode keeps the plain protocol
+    assert step.observe(np.ones((3, g), int))["group_size"] == g
+
+
+def test_controller_specs_and_config():
+    assert parse_controller_spec("hybrid") == ("hybrid", None)
+    assert parse_controller_spec("hybrid:step") == ("hybrid", "step")
+    assert parse_controller_spec("hybrid:per_prompt") == ("hybrid", "per_prompt")
+    for bad in ("hybrid:", "hybrid:fast", "hybrids", "hybrid:step:2", "sagc:", "fixed:0"):
+        with pytest.raises(ConfigError) as err:
+            parse_controller_spec(bad)
+        msg = str(err.value)
+        assert msg.count("\n") == 0 and f"controller spec {bad!r} is not allowed" in msg
+        assert "'hybrid:per_prompt'" in msg
+    cfg = load_config(None, ["sim.controllers=[sagc,hybrid:per_prompt]", "controller.kind=hybrid"])
+    assert cfg.sim.controllers == ("sagc", "hybrid:per_prompt")
+    ctrl = make_controller(cfg.controller)
+    assert isinstance(ctrl, HybridController) and ctrl.mode == "step"
+    assert make_controller("hybrid:per_prompt", cfg.controller).mode == "per_prompt"
+    assert make_controller(ControllerConfig(kind="fixed", group_size=4)).propose() == 4
+    msg = str(pytest.raises(ConfigError, load_config, None, ["sim.controllers=[hybrid:x]"]).value)
+    assert "controller spec 'hybrid:x' is not allowed" in msg
+    msg = str(pytest.raises(ConfigError, load_config, None, ["controller.hybrid.mode=fast"]).value)
+    assert "choose one of ['step', 'per_prompt']" in msg
+    msg = str(pytest.raises(ConfigError, load_config, None, ["controller.hybrid.length_bins=[8,4]"]).value)
+    assert "strictly increasing" in msg
