@@ -4,7 +4,11 @@ The fixed-G baseline does the same per-step bookkeeping (straggler observation, 
 counters) without any decision, so the ratio is the price of SAGC's decisions themselves.
 Lengths come from the calibrated workload, precomputed, so only the controller is timed.
 
-    python benchmarks/controller_overhead.py [--groups 64] [--cycles 5000]
+A second line times the prompt-aware hybrid controller (both modes) on ``--prompts`` prompts
+per step drawn from a pool of 8x as many (the prompt-pool workload), after two epochs of
+warm-up so every prompt has a record: the decision (``propose_for``) and the whole cycle.
+
+    python benchmarks/controller_overhead.py [--groups 64] [--cycles 5000] [--prompts 512]
 """
 
 from __future__ import annotations
@@ -15,8 +19,13 @@ import time
 
 import numpy as np
 
-from sagc_jax.config import SimConfig
-from sagc_jax.controller import FixedGroupController, SAGCConfig, SAGCController
+from sagc_jax.config import HybridConfig, SimConfig
+from sagc_jax.controller import (
+    FixedGroupController,
+    HybridController,
+    SAGCConfig,
+    SAGCController,
+)
 from sagc_jax.sim import SyntheticWorkload
 
 
@@ -33,10 +42,41 @@ def time_cycles(make, lengths_by_g, cycles: int, repeats: int = 5) -> float:
     return float(np.median(results))
 
 
+def time_prompt_aware(make, steps, cycles: int, repeats: int = 3) -> tuple[float, float]:
+    """Median seconds of ``(decision, cycle)`` of a prompt-aware controller; ``steps`` holds
+    ``(prompt_ids, prompt_tokens, lengths_pg at the largest G)`` per step."""
+    decide, cycle = [], []
+    for _ in range(repeats):
+        controller = make()
+        d_sum = c_sum = 0.0
+        for t in range(2 * len(steps) + cycles):
+            ids, tokens, lengths_pg = steps[t % len(steps)]
+            start = time.perf_counter()
+            decision = controller.propose_for(ids, tokens)
+            mid = time.perf_counter()
+            if np.ndim(decision) == 0:
+                lengths = lengths_pg[:, :decision]
+                sizes = None
+            else:
+                sizes = decision
+                lengths = lengths_pg[np.arange(lengths_pg.shape[1])[None, :] < sizes[:, None]]
+            mid2 = time.perf_counter()
+            controller.observe(lengths, group_sizes=sizes)
+            end = time.perf_counter()
+            if t >= 2 * len(steps):  # after two epochs of warm-up
+                d_sum += mid - start
+                c_sum += (mid - start) + (end - mid2)
+        decide.append(d_sum / cycles)
+        cycle.append(c_sum / cycles)
+    return float(np.median(decide)), float(np.median(cycle))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", type=int, default=64, help="prompts (groups) per step")
     parser.add_argument("--cycles", type=int, default=5000)
+    parser.add_argument("--prompts", type=int, default=512, help="prompts per step (hybrid)")
+    parser.add_argument("--hybrid-cycles", type=int, default=300)
     args = parser.parse_args()
     workload = SyntheticWorkload(SimConfig(prompts_per_step=args.groups))
     lengths_by_g = {g: [workload.lengths(t, g) for t in range(50)] for g in (4, 8, 16)}
@@ -45,6 +85,22 @@ def main() -> None:
     print(
         f"controller cycle ({args.groups} groups, G in 4/8/16, {platform.processor() or 'cpu'}): "
         f"sagc {sagc * 1e6:.1f} us, fixed {fixed * 1e6:.1f} us, ratio sagc/fixed {sagc / fixed:.2f}"
+    )
+    pool = SyntheticWorkload(SimConfig(prompts_per_step=args.prompts, prompt_pool=8 * args.prompts))
+    steps = [(*pool.prompts(t), pool.lengths(t, 16)) for t in range(8)]  # one epoch
+    timings = {}
+    for mode in ("step", "per_prompt"):
+        timings[mode] = time_prompt_aware(
+            lambda mode=mode: HybridController(SAGCConfig(seed=0), HybridConfig(mode=mode)),
+            steps,
+            args.hybrid_cycles,
+        )
+    print(
+        f"hybrid ({args.prompts} prompts of a pool of {8 * args.prompts}, G in 4/8/16): "
+        + ", ".join(
+            f"{mode} decision {d * 1e6:.0f} us, cycle {c * 1e6:.0f} us"
+            for mode, (d, c) in timings.items()
+        )
     )
 
 

@@ -535,8 +535,10 @@ class SimConfig(_Section):
     runaway_prob: float = option(0.002, ge=0.0, le=1.0)
     # A fixed pool of prompts revisited every epoch (PromptPoolWorkload).
     prompt_pool: int = option(
-        0, ge=0, help="0: every step draws fresh prompts; N: a fixed pool of N prompts, "
-        "each with a persistent length scale, success rate and straggle tendency"
+        0,
+        ge=0,
+        help="0: every step draws fresh prompts; N: a fixed pool of N prompts, "
+        "each with a persistent length scale, success rate and straggle tendency",
     )
     prompt_heterogeneity: float = option(
         1.0, ge=0.0, help="pool: std of a prompt's log straggle tendency (0: none)"

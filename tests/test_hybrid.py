@@ -33,13 +33,18 @@ def tail_groups(rng, q_p, sizes_p):
     return [np.where(rng.random(g) < q, 1000, 100) for q, g in zip(q_p, sizes_p, strict=True)]
 
 
+def difficulty_of(ids):
+    """A difficulty in [0, 1] for two prompts in three, unknown (nan) for the third."""
+    return np.where(ids % 3, ids / 50, np.nan)
+
+
 def drive(ctrl, q_pool, steps, rng, num_prompts=16, lengths_pool=None):
     """``steps`` steps over a pool with per-prompt tail probabilities; returns the decisions."""
     decisions = []
     for _ in range(steps):
         ids = rng.choice(q_pool.size, num_prompts, replace=False)
         plen = None if lengths_pool is None else lengths_pool[ids]
-        d = ctrl.propose_for(ids, plen)
+        d = ctrl.propose_for(ids, plen, None if plen is None else difficulty_of(ids))
         sizes = np.full(num_prompts, d) if np.ndim(d) == 0 else d
         ctrl.observe(tail_groups(rng, q_pool[ids], sizes))
         decisions.append(np.atleast_1d(d).copy())
@@ -186,7 +191,9 @@ def test_predictor_is_calibrated_where_the_truth_is_known():
     for step in range(240):  # 30 epochs of the pool
         ids = rng.permutation(128)[:32]
         p_hat = pred.straggle_at(ids, np.full(32, -1), None, np.full(32, g))
-        tails = np.array([np.count_nonzero(grp == 1000) for grp in tail_groups(rng, q_pool[ids], [g] * 32)])
+        tails = np.array(
+            [np.count_nonzero(grp == 1000) for grp in tail_groups(rng, q_pool[ids], [g] * 32)]
+        )
         if step >= 80:
             predicted.append(p_hat)
             truth.append(1 - (1 - q_pool[ids]) ** g)
@@ -302,16 +309,21 @@ def test_state_dict_restores_exact_decisions(mode, mid_step):
     cfg = SAGCConfig(seed=9, delta=0.25)
     original = HybridController(cfg, HybridConfig(mode=mode, capacity=32))  # evictions too
     drive(original, q_pool, 40, np.random.default_rng(0), lengths_pool=lengths_pool)
+    ids16 = np.arange(16)
     if mid_step:
-        original.propose_for(np.arange(16), lengths_pool[:16])
+        original.propose_for(ids16, lengths_pool[:16], difficulty_of(ids16))
     state = original.state_dict()
     for key, value in state.items():
         assert isinstance(value, np.ndarray | int | float | str), key
-    restored = HybridController(dataclasses.replace(cfg, seed=123), HybridConfig(mode=mode, capacity=32))
+        if isinstance(value, np.ndarray | float):  # checkpoints keep it as JSON: no nan
+            assert np.all(np.isfinite(value)), key
+    restored = HybridController(
+        dataclasses.replace(cfg, seed=123), HybridConfig(mode=mode, capacity=32)
+    )
     restored.load_state_dict(state)
     if mid_step:  # the pending proposal survives, and its observation continues the run
         for ctrl in (original, restored):
-            d = ctrl.propose_for(np.arange(16), lengths_pool[:16])
+            d = ctrl.propose_for(ids16, lengths_pool[:16], difficulty_of(ids16))
             sizes = np.full(16, d) if np.ndim(d) == 0 else d
             ctrl.observe(tail_groups(np.random.default_rng(2), q_pool[:16], sizes))
     a = drive(original, q_pool, 40, np.random.default_rng(1), lengths_pool=lengths_pool)
@@ -354,7 +366,9 @@ def test_step_mode_prefers_small_groups_for_risky_prompts():
         gs = []
         for seed in range(60):
             trial = HybridController(SAGCConfig(), HybridConfig(prediction_weight=30.0))
-            trial.load_state_dict({**state, "rng": SAGCController(SAGCConfig(seed=seed)).state_dict()["rng"]})
+            trial.load_state_dict(
+                {**state, "rng": SAGCController(SAGCConfig(seed=seed)).state_dict()["rng"]}
+            )
             gs.append(trial.propose_for(ids))
         picks[name] = np.mean(np.log2(gs))
     assert picks["risky"] < picks["safe"]
@@ -406,5 +420,19 @@ def test_controller_specs_and_config():
     assert "controller spec 'hybrid:x' is not allowed" in msg
     msg = str(pytest.raises(ConfigError, load_config, None, ["controller.hybrid.mode=fast"]).value)
     assert "choose one of ['step', 'per_prompt']" in msg
-    msg = str(pytest.raises(ConfigError, load_config, None, ["controller.hybrid.length_bins=[8,4]"]).value)
+    msg = str(
+        pytest.raises(ConfigError, load_config, None, ["controller.hybrid.length_bins=[8,4]"]).value
+    )
     assert "strictly increasing" in msg
+
+
+def test_the_trainer_refuses_the_hybrid_controller_until_it_feeds_prompt_ids(tmp_path):
+    from sagc_jax.config import ConfigError, load_config
+    from sagc_jax.train.compare import run_config
+    from sagc_jax.train.loop import Trainer
+
+    cfg = run_config(load_config(None, []), "hybrid:per_prompt", seed=0, steps=2)
+    assert (cfg.controller.kind, cfg.controller.hybrid.mode) == ("hybrid", "per_prompt")
+    with pytest.raises(ConfigError, match="simulator only"):
+        Trainer(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # nothing written

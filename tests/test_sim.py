@@ -7,7 +7,7 @@ import pytest
 
 from sagc_jax.cli import main
 from sagc_jax.config import SimConfig, load_config
-from sagc_jax.controller import FixedGroupController
+from sagc_jax.controller import FixedGroupController, make_controller
 from sagc_jax.sim import ReplayWorkload, SyntheticWorkload, compare, run_controller, step_seconds
 from sagc_jax.sim.report import summary_rows
 
@@ -166,3 +166,100 @@ def test_replay_command(tmp_path, capsys):
     assert (out / "summary.csv").exists()
     assert main(["replay", "--log", str(tmp_path / "missing.jsonl")]) == 2
     assert "cannot read the replay log" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- prompt pool
+
+
+def pool_config(**kw):
+    base = dict(steps=40, prompts_per_step=8, prompt_pool=24, seed=3, prompt_heterogeneity=1.0)
+    return SimConfig(**{**base, **kw})
+
+
+def test_prompt_pool_revisits_every_prompt_once_per_epoch():
+    w = SyntheticWorkload(pool_config())
+    ids = np.concatenate([w.prompts(t)[0] for t in range(9)])  # 72 draws = 3 epochs of 24
+    for epoch in range(3):
+        assert sorted(ids[24 * epoch : 24 * (epoch + 1)].tolist()) == list(range(24))
+    assert not np.array_equal(ids[:24], ids[24:48])  # a new order every epoch
+    tokens = {}
+    for t in range(9):
+        for i, tok in zip(*w.prompts(t), strict=True):
+            assert tokens.setdefault(int(i), int(tok)) == tok  # a prompt keeps its length
+    big, small = w.lengths(5, 16), w.lengths(5, 4)
+    np.testing.assert_array_equal(big[:, :4], small)  # common random numbers
+    np.testing.assert_array_equal(w.prompts(5)[0], SyntheticWorkload(pool_config()).prompts(5)[0])
+
+
+def test_prompt_pool_straggle_tendency_persists_across_epochs():
+    cfg = pool_config(steps=600, prompt_pool=64, runaway_prob=0.02, prompt_heterogeneity=1.5)
+    w = SyntheticWorkload(cfg)
+    runaway = np.zeros((2, 64))  # runaways per prompt in the first and second half
+    for t in range(600):
+        ids, _ = w.prompts(t)
+        np.add.at(runaway[t // 300], ids, (w.lengths(t, 8) == cfg.max_new_tokens).sum(1))
+    assert np.corrcoef(runaway[0], runaway[1])[0, 1] > 0.5
+    flat = SyntheticWorkload(pool_config(prompt_heterogeneity=0.0))
+    assert np.all(flat.pool.runaway_p == flat.cfg.runaway_prob)
+    assert np.all(flat.pool.spread_p == 1.0)
+
+
+def test_step_time_of_mixed_groups_follows_the_longest_sequence():
+    cfg = SimConfig(prefill_token_seconds=0.001, decode_step_seconds=0.1, decode_seq_seconds=0.01)
+    lengths = np.array([[10, 20], [30, 40]])
+    assert step_seconds(lengths.ravel(), 5, cfg) == step_seconds(lengths, 5, cfg)
+    rollout, update = step_seconds(np.array([10, 20, 30, 40, 50]), np.array([5, 5, 7, 7, 7]), cfg)
+    assert rollout == pytest.approx(0.001 * 31 + 50 * (0.1 + 0.01 * 5))
+    assert update == pytest.approx(cfg.step_overhead_seconds + cfg.update_token_seconds * 181)
+
+
+@pytest.mark.parametrize("budget", [0, 80])
+def test_runner_plays_per_prompt_sizes(budget):
+    cfg = load_config(
+        None,
+        [
+            "sim.steps=40",
+            "sim.prompts_per_step=8",
+            "sim.prompt_pool=24",
+            f"controller.hybrid.rollout_budget={budget}",
+            "controller.sagc.delta=0.1",
+        ],
+    )
+    w = SyntheticWorkload(cfg.sim)
+    run = run_controller(
+        "hybrid:per_prompt", make_controller("hybrid:per_prompt", cfg.controller), w, cfg
+    )
+    if budget:
+        assert np.all(run.num_sequences == budget)
+    else:
+        assert set((run.num_sequences // 8).tolist()) <= {4, 8, 16}
+    np.testing.assert_allclose(run.group_size, run.num_sequences / 8)
+    assert np.all(run.log2_group_size <= np.log2(run.group_size) + 1e-12)  # Jensen
+    assert np.any(run.log2_group_size < np.log2(run.group_size) - 1e-9)  # sizes were mixed
+    assert run.calibration["groups"] == 40 * 8
+
+
+def test_simulate_command_with_the_prompt_aware_controllers(tmp_path, capsys):
+    out = tmp_path / "pool"
+    code = main(
+        [
+            "simulate",
+            "--set",
+            "sim.steps=30",
+            "--set",
+            "sim.prompts_per_step=8",
+            "--set",
+            "sim.prompt_pool=40",
+            "--set",
+            "sim.controllers=[sagc,hybrid,hybrid:per_prompt]",
+            "--set",
+            "logging.plots=false",
+            "--set",
+            f"logging.run_dir={out}",
+        ]
+    )
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "| hybrid |" in printed and "| hybrid:per_prompt |" in printed
+    calibration = (out / "calibration.csv").read_text().splitlines()
+    assert calibration[0].startswith("controller,bin_low") and len(calibration) == 1 + 2 * 10

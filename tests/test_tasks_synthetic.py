@@ -234,6 +234,7 @@ def test_the_experiment_workload_keeps_its_length_promises():
 
     first = [p.text for p in source.batch(0, 0, 256)]
     last = [p.text for p in source.batch(cfg.data.curriculum_steps, 0, 256)]
+
     def terms(texts):
         return np.mean([t.count("+") + 1 for t in texts])
 
@@ -258,7 +259,9 @@ def test_recheck_traces_score_right_and_have_a_geometric_tail():
     again, _ = sft_batch(cfg, source, step=0, width=80)
     np.testing.assert_array_equal(tokens, again)  # deterministic
     tok = source.tokenizer
-    passes = np.array([tok.decode(row[m > 0]).count("=") for row, m in zip(tokens, mask)])
+    passes = np.array(
+        [tok.decode(row[m > 0]).count("=") for row, m in zip(tokens, mask, strict=True)]
+    )
     q = cfg.sft.recheck_prob
     for j in (1, 2, 3):  # P(at least j extra passes) = q ** j (up to what fits the cap)
         assert abs(np.mean(passes >= j) - q**j) < 0.03, j

@@ -34,7 +34,7 @@ Trainer protocol::
 
 ``prompt_ids``: int64 ``[P]`` stable across epochs and processes (e.g. the dataset row);
 ``prompt_lengths``: prompt tokens ``[P]`` (None or -1: unknown); ``difficulty``: optional float
-``[P]`` in [0, 1] (nan: unknown). ``group_sizes`` defaults to the proposed sizes; ``rewards``
+``[P]`` in [0, 1] (nan or < 0: unknown). ``group_sizes`` defaults to the proposed sizes; ``rewards``
 (optional, the layout of ``lengths``) feeds the per-prompt pass rate (reward >= 1). Repeated
 ``propose_for`` calls with the same prompts before ``observe`` return the same decision.
 ``propose()`` / ``observe(lengths_pg)`` still work in ``step`` mode (plain SAGC draws, only the
@@ -162,7 +162,9 @@ class HybridController(SAGCController):
             return self.candidates[arm], g_k[rung_p]
         lo, hi = self._window()
         rows = np.arange(num_p)
-        allocs = [allocate(value_pk, self.candidates, num_p * int(g_k[k])) for k in range(lo, hi + 1)]
+        allocs = [
+            allocate(value_pk, self.candidates, num_p * int(g_k[k])) for k in range(lo, hi + 1)
+        ]
         utility = [float(self.utility[r].mean()) for r in allocs]
         predicted = np.array([risk_pk[rows, r].mean() for r in allocs])
         arm = self._pick(lo, hi, utility, predicted)
@@ -186,7 +188,9 @@ class HybridController(SAGCController):
         flat_b, sizes_p = check_ragged_lengths(
             lengths, self._sizes if group_sizes is None and self.mode != "step" else group_sizes
         )
-        expected = self._sizes if self.mode == "per_prompt" else np.full_like(sizes_p, self._pending)
+        expected = (
+            self._sizes if self.mode == "per_prompt" else np.full_like(sizes_p, self._pending)
+        )
         if not np.array_equal(sizes_p, expected):
             raise ValueError(
                 f"observed group sizes {sizes_p.tolist()} differ from the proposed "
@@ -256,12 +260,12 @@ class HybridController(SAGCController):
             "groups_sum": self.groups_sum,
             "pending_ids": empty_i if p is None else p["ids"].copy(),
             "pending_lengths": empty_i if p is None else p["lengths"].copy(),
-            "pending_difficulty": empty_f if p is None or p["difficulty"] is None
+            "pending_difficulty": empty_f
+            if p is None or p["difficulty"] is None
             else p["difficulty"].copy(),
             "pending_has_prompts": int(p is not None),
             "pending_sizes": empty_i if self._sizes is None else self._sizes.copy(),
             "pending_arm": -1 if self._arm is None else self._arm,
-            "predicted": self._predicted.copy(),
             **{f"predictor_{k}": v for k, v in self.predictor.state_dict().items()},
         }
 
@@ -278,6 +282,7 @@ class HybridController(SAGCController):
         self.rows_sum = int(state["rows_sum"])
         self.groups_sum = int(state["groups_sum"])
         self._prompts = None
+        self._predicted = np.full(len(self.candidates), np.nan)
         if int(state["pending_has_prompts"]):
             ids = np.array(state["pending_ids"], dtype=np.int64)
             diff = np.array(state["pending_difficulty"], dtype=np.float64)
@@ -286,12 +291,12 @@ class HybridController(SAGCController):
                 "lengths": np.array(state["pending_lengths"], dtype=np.int64),
                 "difficulty": diff if diff.size == ids.size else None,
             }
-            self._risk()  # the cache a live controller holds between propose and observe
+            # the cache a live controller holds between propose and observe
+            self._predicted = self._risk().mean(axis=0)
         sizes = np.array(state["pending_sizes"], dtype=np.int64)
         self._sizes = sizes if sizes.size else None
         arm = int(state["pending_arm"])
         self._arm = None if arm < 0 else arm
-        self._predicted = np.array(state["predicted"], dtype=np.float64)
 
 
 def _check_prompts(prompt_ids, prompt_lengths, difficulty) -> dict[str, Any]:
@@ -313,6 +318,7 @@ def _check_prompts(prompt_ids, prompt_lengths, difficulty) -> dict[str, Any]:
         diff = np.asarray(difficulty, dtype=np.float64)
         if diff.shape != (n,):
             raise ValueError(f"difficulty must be a float array [{n}], got shape {diff.shape}")
+        diff = np.where(np.isnan(diff) | (diff < 0), -1.0, diff)  # -1: unknown
     return {"ids": ids.astype(np.int64), "lengths": lengths.astype(np.int64), "difficulty": diff}
 
 
@@ -321,7 +327,7 @@ def _same_prompts(a: dict[str, Any], b: dict[str, Any]) -> bool:
         np.array_equal(a["ids"], b["ids"])
         and np.array_equal(a["lengths"], b["lengths"])
         and (a["difficulty"] is None) == (b["difficulty"] is None)
-        and (a["difficulty"] is None or np.array_equal(a["difficulty"], b["difficulty"], True))
+        and (a["difficulty"] is None or np.array_equal(a["difficulty"], b["difficulty"]))
     )
 
 

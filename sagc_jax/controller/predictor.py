@@ -61,7 +61,8 @@ class StragglePredictor:
     # ------------------------------------------------------------------ features
 
     def feature_bins(self, prompt_length_p, difficulty_p=None) -> np.ndarray:
-        """Feature bin of every prompt; int64 ``[P]``. Length < 0 or nan difficulty: unknown."""
+        """Feature bin of every prompt; int64 ``[P]``. Length < 0, difficulty < 0 or nan:
+        unknown."""
         length = np.asarray(prompt_length_p, dtype=np.int64)
         lbin = np.searchsorted(np.asarray(self.config.length_bins), length, side="right")
         lbin = np.where(length < 0, self.num_length_bins - 1, lbin)
@@ -70,7 +71,8 @@ class StragglePredictor:
             dbin = np.full(length.shape, nd, dtype=np.int64)
         else:
             d = np.asarray(difficulty_p, dtype=np.float64)
-            dbin = np.where(np.isnan(d), nd, np.clip(np.nan_to_num(d) * nd, 0, nd - 1))
+            known = ~np.isnan(d) & (d >= 0)
+            dbin = np.where(known, np.clip(np.nan_to_num(d) * nd, 0, nd - 1), nd)
             dbin = dbin.astype(np.int64)
         return lbin * self.num_difficulty_bins + dbin
 
@@ -215,7 +217,9 @@ class StragglePredictor:
                 "saved feature bins differ from controller.hybrid.length_bins / difficulty_bins"
             )
         if np.shape(state["cal_count"]) != self.cal_count.shape:
-            raise ValueError("saved calibration bins differ from controller.hybrid.calibration_bins")
+            raise ValueError(
+                "saved calibration bins differ from controller.hybrid.calibration_bins"
+            )
         self.stats.load_state_dict(
             {k[len("table_") :]: v for k, v in state.items() if k.startswith("table_")}
         )

@@ -24,7 +24,16 @@ from typing import Any
 import numpy as np
 
 # Decayed sums kept per slot (float64 [capacity] each); a mean is sum / weight.
-_SUMS = ("weight", "tails", "rollouts", "log_median", "ratio", "straggle", "pass_sum", "pass_weight")
+_SUMS = (
+    "weight",
+    "tails",
+    "rollouts",
+    "log_median",
+    "ratio",
+    "straggle",
+    "pass_sum",
+    "pass_weight",
+)
 
 
 class PromptStats:
@@ -40,7 +49,7 @@ class PromptStats:
         self.last_seen = np.full(capacity, -1, dtype=np.int64)
         self.visits = np.zeros(capacity, dtype=np.int64)
         self.prompt_length = np.full(capacity, -1, dtype=np.int64)
-        self.difficulty = np.full(capacity, np.nan)
+        self.difficulty = np.full(capacity, -1.0)  # -1: unknown (the state holds no nan)
         self.sums = {name: np.zeros(capacity) for name in _SUMS}
         self._index: dict[int, int] = {}  # id -> slot, rebuilt from ``ids`` on load
         self.evictions = 0
@@ -76,7 +85,9 @@ class PromptStats:
                 "visits": np.where(known, self.visits[s], 0),
                 "last_seen": np.where(known, self.last_seen[s], -1),
                 "prompt_length": np.where(known, self.prompt_length[s], -1),
-                "difficulty": np.where(known, self.difficulty[s], np.nan),
+                "difficulty": np.where(
+                    known & (self.difficulty[s] >= 0), self.difficulty[s], np.nan
+                ),
                 "tail_rate": self.sums["tails"][s] / rollouts,
                 "median": np.exp(self.sums["log_median"][s] / w),
                 "ratio": self.sums["ratio"][s] / w,
@@ -102,9 +113,9 @@ class PromptStats:
         """Add one visit per distinct id of the step (a duplicated id pools its groups).
 
         Arrays ``[P]`` aligned with ``ids_p``: tail and rollout counts, group median length,
-        max/median ratio, straggle indicator (0/1), prompt token length, optional difficulty and
-        pass rate (nan entries: unknown); ``slots_p``: :meth:`lookup` of ``ids_p`` if already
-        known (the table has not changed since).
+        max/median ratio, straggle indicator (0/1), prompt token length, optional difficulty
+        (< 0 or nan: unknown) and pass rate (nan: unknown); ``slots_p``: :meth:`lookup` of
+        ``ids_p`` if already known (the table has not changed since).
         """
         ids = np.asarray(ids_p, dtype=np.int64)
         uniq, first, inv = np.unique(ids, return_index=True, return_inverse=True)
@@ -149,7 +160,8 @@ class PromptStats:
         self.last_seen[slots] = step
         self.prompt_length[slots] = np.asarray(prompt_length_p, dtype=np.int64)[first]
         if difficulty_p is not None:
-            self.difficulty[slots] = np.asarray(difficulty_p, dtype=np.float64)[first]
+            diff = np.asarray(difficulty_p, dtype=np.float64)[first]
+            self.difficulty[slots] = np.where(np.isnan(diff), -1.0, diff)
 
     def _slots_for(self, uniq: np.ndarray, step: int, slots=None) -> np.ndarray:
         """Slots of sorted distinct ids, inserting the new ones (evicting when full)."""
@@ -171,7 +183,7 @@ class PromptStats:
             for slot in evicted.tolist():
                 del self._index[int(self.ids[slot])]
             self.visits[evicted] = 0
-            self.difficulty[evicted] = np.nan
+            self.difficulty[evicted] = -1.0
             self.evictions += m
             fresh = np.concatenate([fresh, evicted])
         slots[new] = fresh

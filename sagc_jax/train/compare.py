@@ -17,11 +17,13 @@ from sagc_jax.train.study import format_paired, format_rows, plot_study, study
 
 def run_config(cfg: Config, spec: str, seed: int, steps: int | None) -> Config:
     """``cfg`` with the controller of ``spec``, seed offset ``seed`` and the step budget."""
-    kind, group_size = parse_controller_spec(spec)
+    kind, arg = parse_controller_spec(spec)
     data = to_dict(cfg)
     data["controller"]["kind"] = kind
-    if group_size is not None:
-        data["controller"]["group_size"] = group_size
+    if kind == "fixed":
+        data["controller"]["group_size"] = arg
+    elif kind == "hybrid" and arg is not None:
+        data["controller"]["hybrid"]["mode"] = arg
     data["controller"]["sagc"]["seed"] = cfg.controller.sagc.seed + seed
     data["train"]["seed"] = cfg.train.seed + seed
     if steps is not None:

@@ -168,6 +168,11 @@ class Trainer:
     """Owns the policy, optimizer, controller, programs and run directory of one RL run."""
 
     def __init__(self, cfg: Config, run_dir: str | Path, *, log: bool = True):
+        if cfg.controller.kind == "hybrid":
+            raise ConfigError(
+                "controller.kind = 'hybrid' runs in the simulator only (sagc-jax simulate); the "
+                "trainer does not feed it prompt ids yet: use 'sagc' or 'fixed' to train"
+            )
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         if cfg.train.compilation_cache_dir:
