@@ -88,7 +88,17 @@ def _compare_and_report(args, workload_factory, command: str) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from sagc_jax.sim import SyntheticWorkload
 
-    return _compare_and_report(args, lambda cfg: SyntheticWorkload(cfg.sim), "simulate")
+    code = _compare_and_report(args, lambda cfg: SyntheticWorkload(cfg.sim), "simulate")
+    if args.seeds > 1:
+        from sagc_jax.sim.seeds import format_seed_table, run_seeds
+
+        cfg = load_config(args.config, args.overrides)
+        print(
+            f"over {args.seeds} seeds (sim.seed and controller.sagc.seed + 0..{args.seeds - 1}, "
+            "mean +- std; the last two columns paired against sagc):"
+        )
+        print(format_seed_table(run_seeds(cfg, args.seeds)))
+    return code
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -516,6 +526,12 @@ def build_parser() -> argparse.ArgumentParser:
         "section; print a table and write CSV files and PNG plots into the run directory.",
     )
     _add_common(p)
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="also run seeds 0..N-1 and print mean +- std and differences paired against sagc",
+    )
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser(

@@ -256,10 +256,13 @@ def test_simulate_command_with_the_prompt_aware_controllers(tmp_path, capsys):
             "logging.plots=false",
             "--set",
             f"logging.run_dir={out}",
+            "--seeds",
+            "2",
         ]
     )
     assert code == 0
     printed = capsys.readouterr().out
     assert "| hybrid |" in printed and "| hybrid:per_prompt |" in printed
+    assert "over 2 seeds" in printed and "log2 G - sagc" in printed  # the multi-seed table
     calibration = (out / "calibration.csv").read_text().splitlines()
     assert calibration[0].startswith("controller,bin_low") and len(calibration) == 1 + 2 * 10

@@ -1,6 +1,6 @@
 """The simulator comparison over several seeds, with spread and paired differences.
 
-    python -m sagc_jax.sim.seeds --config configs/sim/prompt_pool.yaml --seeds 5 [--set k=v ...]
+    sagc-jax simulate --config configs/sim/prompt_pool.yaml --seeds 5 [--set k=v ...]
 
 Seed i sets ``sim.seed`` and ``controller.sagc.seed`` to their configured values + i, so every
 controller of a seed sees the same workload (common random numbers) and differences between
@@ -11,12 +11,11 @@ each controller's wall-clock and mean log2 G against ``--reference`` (default ``
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 
 import numpy as np
 
-from sagc_jax.config import Config, load_config
+from sagc_jax.config import Config
 from sagc_jax.sim.runner import compare
 from sagc_jax.sim.workload import SyntheticWorkload
 
@@ -68,25 +67,3 @@ def format_seed_table(results: dict, reference: str = "sagc") -> str:
             cells.append(spread(per["mean_log2_G"] - ref["mean_log2_G"], "{:+.3f}"))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=None, help="YAML config (defaults if omitted)")
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--reference", default="sagc", help="controller of the paired columns")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V")
-    args = parser.parse_args(argv)
-    cfg = load_config(args.config, args.overrides)
-    results = run_seeds(cfg, args.seeds)
-    sagc = cfg.controller.sagc
-    print(
-        f"simulate x {args.seeds} seeds: {cfg.sim.steps} steps, {cfg.sim.prompts_per_step} "
-        f"prompts/step, prompt_pool={cfg.sim.prompt_pool}, tau={sagc.tau}, delta={sagc.delta}, "
-        f"candidates={list(sagc.candidates)} (mean +- std over seeds)"
-    )
-    print(format_seed_table(results, args.reference))
-
-
-if __name__ == "__main__":
-    main()
