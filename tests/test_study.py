@@ -112,7 +112,8 @@ def test_study_rows_target_and_paired_table():
     assert paired["wall_clock_s_ratio"] == 0.5 and paired["tta_wall_s_ratio"] == 0.25
     table = format_rows(result["rows"])
     assert "| sagc | 0.580 ± 0.000 |" in table
-    assert "sagc - fixed:8" in format_paired(result["paired"])
+    paired_table = format_paired(result["paired"])
+    assert "| sagc - fixed:8 | -0.020 ± 0.000 | -2 ± 0 (x0.50) |" in paired_table
     # a controller that never reaches the target says so
     for seed in range(3):
         per_run[("fixed:8", seed)] = _log({2: 0.1, 4: 0.9}, [1.0] * 4, [[5] * 8])

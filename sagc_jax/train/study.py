@@ -190,7 +190,7 @@ def _cell(row: dict, key: str, fmt: str) -> str:
         return "not reached"
     cell = fmt.format(value)
     if math.isfinite(half):
-        cell += " ± " + fmt.format(half)
+        cell += " ± " + fmt.replace("+", "").format(half)
     reached, seeds = row[f"{key}_n"], row.get("seeds")
     if seeds is not None and reached < seeds:
         cell += f" ({reached}/{seeds} reached)"
@@ -213,7 +213,6 @@ def format_paired(rows: list[dict]) -> str:
     """Markdown: paired differences (subject - other, same seeds), mean ± 95% CI, and for the
     times the ratio of the means."""
     titles = {key: title for key, title, _ in MEASURES}
-    formats = {key: fmt for key, _, fmt in MEASURES}
     lines = [
         "| paired | " + " | ".join(f"Δ {titles[key]}" for key in PAIRED) + " |",
         "|" + " --- |" * (len(PAIRED) + 1),
@@ -221,7 +220,7 @@ def format_paired(rows: list[dict]) -> str:
     for row in rows:
         cells = []
         for key in PAIRED:
-            cell = _cell(row, key, formats[key] if key == "accuracy" else "{:+.0f}")
+            cell = _cell(row, key, "{:+.3f}" if key == "accuracy" else "{:+.0f}")
             if key != "accuracy" and math.isfinite(row[f"{key}_ratio"]):
                 cell += f" (x{row[f'{key}_ratio']:.2f})"
             cells.append(cell)
