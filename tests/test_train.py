@@ -8,7 +8,7 @@ import pytest
 from helpers import TINY, write_word_tokenizer
 
 from sagc_jax.cli import main
-from sagc_jax.config import load_config
+from sagc_jax.config import ConfigError, load_config, to_dict
 from sagc_jax.controller import GroupController
 from sagc_jax.sim import ReplayWorkload
 from sagc_jax.train.loop import Trainer
@@ -105,6 +105,17 @@ def test_resume_with_a_different_config_is_refused(tmp_path, capsys):
     assert main([*args, "--set", "loss.eps_high=0.28"]) == 2
     err = capsys.readouterr().err
     assert "cannot resume" in err and "loss.eps_high" in err and err.count("\n") == 1
+    # a run saved before a key existed resumes: the key takes its default (the old behaviour)
+    trainer = Trainer(load_config(None, [*TINY, "train.steps=1", f"logging.run_dir={run}"]), run)
+    try:
+        older = to_dict(trainer.cfg)
+        del older["controller"]["hybrid"], older["data"]["curriculum_steps"]
+        trainer._check_resumable({"config": older})
+        older["loss"]["eps_high"] = 0.28
+        with pytest.raises(ConfigError, match="loss.eps_high"):
+            trainer._check_resumable({"config": older})
+    finally:
+        trainer.close()
 
 
 def test_train_command_writes_replayable_metrics_and_tensorboard(tmp_path, capsys):

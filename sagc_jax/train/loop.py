@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sagc_jax.config import Config, ConfigError, to_dict
+from sagc_jax.config import Config, ConfigError, from_dict, to_dict
 from sagc_jax.controller import make_controller
 from sagc_jax.parallel import ShardingPlan, any_process, from_leader, gather_rows, is_leader
 from sagc_jax.rl import (
@@ -287,9 +287,14 @@ class Trainer:
 
     def _check_resumable(self, meta: dict) -> None:
         """Raise ConfigError when the run in ``meta`` cannot continue under this config."""
+        saved = meta["config"]
+        try:  # keys added since the run was saved take their defaults (the old behaviour)
+            saved = to_dict(from_dict(saved))
+        except ConfigError:
+            pass  # a key since removed or renamed: compared as saved, and reported below
         changed = [
             k
-            for k in config_differences(meta["config"], to_dict(self.cfg))
+            for k in config_differences(saved, to_dict(self.cfg))
             if not k.startswith(RESUMABLE_CHANGES)
         ]
         processes = meta.get("processes", 1)
