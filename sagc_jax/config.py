@@ -437,6 +437,13 @@ class DataConfig(_Section):
         help="synthetic task: the curriculum's most terms per problem at step 0, in "
         "[min_terms, max_terms]; None = min_terms",
     )
+    prompt_pool: int = option(
+        0,
+        ge=0,
+        help="synthetic task: 0 = an endless stream of new problems; N = training problems "
+        "drawn from a fixed pool of N, revisited every epoch in a new order (prompt id = pool "
+        "index), as a dataset is; the hybrid controller learns per prompt from the revisits",
+    )
     seed: int = option(0, ge=0)
 
     def check(self) -> None:

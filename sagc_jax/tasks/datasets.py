@@ -38,6 +38,7 @@ class Example:
     answer: str
     where: str
     fields: dict[str, Any]
+    index: int = -1  # the row's index among the file's data rows (a stable prompt id)
 
 
 def _short(value: Any, limit: int = 40) -> str:
@@ -149,7 +150,7 @@ def load_dataset(
         )
     examples, seen, total = [], 0, 0
     for row, where in rows:
-        example = _validate(row, where)
+        example = dataclasses.replace(_validate(row, where), index=seen)
         seen += 1
         if keep is not None and not keep(example):
             continue

@@ -27,6 +27,7 @@ from sagc_jax.tasks import CharTokenizer, DatasetError, SyntheticTask, load_data
 class Prompt:
     text: str
     answer: str
+    id: int  # stable across epochs and processes: dataset row, synthetic pool or stream index
 
 
 class PromptSource:
@@ -91,6 +92,9 @@ class SyntheticSource(PromptSource):
         )
         self.curriculum_steps = d.curriculum_steps
         self.curriculum_start_terms = d.curriculum_start_terms
+        self.prompt_pool = d.prompt_pool
+        self.seed = d.seed
+        self._orders: dict[int, np.ndarray] = {}
         self.tokenizer = CharTokenizer()
         self.reward_fn = resolve_reward(
             "synthetic" if d.reward == "auto" else d.reward,
@@ -121,11 +125,14 @@ class SyntheticSource(PromptSource):
             cap = self.task.curriculum_terms(
                 step, self.curriculum_steps, self.curriculum_start_terms
             )
-        p = self.task.problem(position, "train", cap)
-        return Prompt(p.prompt, p.answer)
+        index = position
+        if self.prompt_pool:
+            index = _epoch_order(self._orders, self.seed, position, self.prompt_pool)
+        p = self.task.problem(index, "train", cap)
+        return Prompt(p.prompt, p.answer, index)
 
     def heldout(self, num: int) -> list[Prompt]:
-        return [Prompt(p.prompt, p.answer) for p in self.task.heldout(num)]
+        return [Prompt(p.prompt, p.answer, i) for i, p in enumerate(self.task.heldout(num))]
 
     def encode(self, prompt: Prompt) -> list[int]:
         return [self.tokenizer.bos_id, *self.tokenizer.encode(prompt.text)]
@@ -197,15 +204,11 @@ class DatasetSource(PromptSource):
 
     def _train_prompt(self, position: int, step: int) -> Prompt:
         del step  # rows are reshuffled by epoch; no curriculum
-        epoch, offset = divmod(position, len(self.rows))
-        if epoch not in self._orders:
-            rng = np.random.default_rng([self.seed, epoch])
-            self._orders = {epoch: rng.permutation(len(self.rows))}
-        row = self.rows[int(self._orders[epoch][offset])]
-        return Prompt(row.prompt, row.answer)
+        row = self.rows[_epoch_order(self._orders, self.seed, position, len(self.rows))]
+        return Prompt(row.prompt, row.answer, row.index)
 
     def heldout(self, num: int) -> list[Prompt]:
-        return [Prompt(r.prompt, r.answer) for r in self.eval_rows[:num]]
+        return [Prompt(r.prompt, r.answer, r.index) for r in self.eval_rows[:num]]
 
     def encode(self, prompt: Prompt) -> list[int]:
         if self.chat_template:
@@ -215,6 +218,17 @@ class DatasetSource(PromptSource):
                 tokenize=True,
             )
         return self.tokenizer.encode(prompt.text, add_special_tokens=True)
+
+
+def _epoch_order(orders: dict[int, np.ndarray], seed: int, position: int, size: int) -> int:
+    """Index in ``[0, size)`` of data ``position``: every epoch of ``size`` positions visits
+    each index once, in an order seeded by (seed, epoch); ``orders`` caches the last epoch's."""
+    epoch, offset = divmod(position, size)
+    if epoch not in orders:
+        rng = np.random.default_rng([seed, epoch])
+        orders.clear()
+        orders[epoch] = rng.permutation(size)
+    return int(orders[epoch][offset])
 
 
 def make_source(
@@ -341,7 +355,7 @@ class _LengthCheck:
     def __call__(self, row) -> bool:
         self.seen += 1
         try:
-            n = len(self.encode(Prompt(row.prompt, row.answer)))
+            n = len(self.encode(Prompt(row.prompt, row.answer, row.index)))
         except Exception as err:  # a template or tokenizer error: still one line, with the row
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
             raise DatasetError(f"{row.where}: cannot tokenise the prompt ({reason})") from None

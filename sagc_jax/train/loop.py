@@ -2,9 +2,12 @@
 
 Every step: ``G = controller.propose()`` -> rollout of ``prompts x G`` completions (more rounds
 with DAPO dynamic sampling) -> rewards and shaping -> group advantages -> policy update ->
-``controller.observe(lengths)`` -> metrics, checkpoint. Per-step randomness comes from
-``fold_in(root_key, step)``, prompts from the step counter and G from the controller, whose state
-is checkpointed, so a resumed run continues exactly as an uninterrupted one would.
+``controller.observe(lengths)`` -> metrics, checkpoint. The prompt-aware hybrid controller
+decides from the step's prompts (ids and token lengths): one G (``step`` mode) or a group size
+per prompt summing to a rollout budget (``per_prompt``), and observes with ids and rewards.
+Per-step randomness comes from ``fold_in(root_key, step)``, prompts from the step counter and G
+from the controller, whose state is checkpointed, so a resumed run continues exactly as an
+uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -47,6 +50,10 @@ from sagc_jax.train.report import read_metrics, summarize
 from sagc_jax.train.rollout import Rollouts, generate
 from sagc_jax.train.runlock import RunDirBusy, RunLock
 
+# The hybrid controller's per-prompt table: its state keys whose arrays (one row per prompt) are
+# saved as an Orbax item padded to controller.hybrid.capacity rows, not in the JSON meta.
+PROMPT_TABLE = "predictor_table_"
+
 # Keys of the config that may change when a run is resumed (the rest must match).
 RESUMABLE_CHANGES = (
     "train.steps",
@@ -76,6 +83,56 @@ def prompts_for(cfg: Config, group_size: int) -> int:
     return cfg.train.rollout_budget // group_size
 
 
+def per_prompt_budget(cfg: Config) -> int:
+    """The fixed rollout rows of a hybrid ``per_prompt`` step (0: none, the rows are P x G)."""
+    c = cfg.controller
+    if c.kind == "hybrid" and c.hybrid.mode == "per_prompt":
+        return c.hybrid.rollout_budget
+    return 0
+
+
+def rollout_shapes(cfg: Config, candidates: tuple[int, ...]) -> dict[str, int]:
+    """Rollout rows of every batch shape a step can sample, by label (one sampler program each):
+    a fixed per-prompt budget is one shape, else one per candidate G."""
+    budget = per_prompt_budget(cfg)
+    if budget:
+        return {f"B={budget}": budget}
+    return {f"G={g}": prompts_for(cfg, g) * g for g in candidates}
+
+
+def check_hybrid(cfg: Config, processes: int = 1) -> None:
+    """What the trainer needs to run ``controller.kind: hybrid`` (no-op for other kinds)."""
+    c, t = cfg.controller, cfg.train
+    if c.kind != "hybrid":
+        return
+    if t.batch_mode != "prompts":
+        raise ConfigError(
+            "controller.kind = 'hybrid' needs train.batch_mode = prompts: it decides from the "
+            "step's prompts, which batch_mode = budget chooses after G (a per-prompt rollout "
+            "budget is controller.hybrid.rollout_budget)"
+        )
+    if cfg.loss.dynamic_sampling:
+        raise ConfigError(
+            "controller.kind = 'hybrid' does not train with loss.dynamic_sampling yet: the "
+            "refill rounds bring prompts the controller did not decide for; set it to false"
+        )
+    if c.hybrid.mode == "per_prompt" and processes > 1:
+        raise ConfigError(
+            f"controller.hybrid.mode = per_prompt trains in one process only ({processes} "
+            f"running): the processes' prompts would need unequal rows; use mode = step"
+        )
+    budget = per_prompt_budget(cfg)
+    if budget:
+        g = c.sagc.candidates
+        lo, hi = t.prompts_per_step * min(g), t.prompts_per_step * max(g)
+        if not lo <= budget <= hi:
+            raise ConfigError(
+                f"controller.hybrid.rollout_budget = {budget} cannot be split into "
+                f"train.prompts_per_step = {t.prompts_per_step} groups from the ladder "
+                f"{list(g)}: allowed {lo} to {hi}"
+            )
+
+
 def check_batch_shapes(
     cfg: Config, candidates: tuple[int, ...], batch_shards: int = 1, processes: int = 1
 ) -> None:
@@ -88,6 +145,15 @@ def check_batch_shapes(
             f"mesh.data x mesh.fsdp = {batch_shards} batch shards is not a multiple of the "
             f"{processes} processes: every process must hold its own rows"
         )
+    if per_prompt_budget(cfg):
+        candidates = ()  # one fixed batch of rows, whatever the sizes
+        budget = per_prompt_budget(cfg)
+        if budget % (parts * batch_shards):
+            raise ConfigError(
+                f"controller.hybrid.rollout_budget = {budget} rollouts cannot be split into "
+                f"train.minibatches x train.microbatches = {parts} (micro)batches of rows the "
+                f"{batch_shards} batch shards of the mesh divide"
+            )
     for g in candidates:
         if t.batch_mode == "budget" and t.rollout_budget % g:
             raise ConfigError(
@@ -168,11 +234,7 @@ class Trainer:
     """Owns the policy, optimizer, controller, programs and run directory of one RL run."""
 
     def __init__(self, cfg: Config, run_dir: str | Path, *, log: bool = True):
-        if cfg.controller.kind == "hybrid":
-            raise ConfigError(
-                "controller.kind = 'hybrid' runs in the simulator only (sagc-jax simulate); the "
-                "trainer does not feed it prompt ids yet: use 'sagc' or 'fixed' to train"
-            )
+        check_hybrid(cfg, jax.process_count())
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         if cfg.train.compilation_cache_dir:
@@ -272,16 +334,21 @@ class Trainer:
     def _resume(self) -> None:
         """Continue from the newest checkpoint that verifies (older ones are tried when the
         newest is damaged; see ``CheckpointStore``)."""
+        targets = {"params": self.params, "opt_state": self.opt_state}
+        _, table = self._controller_state()
+        if table:
+            targets["prompt_table"] = table  # a fresh table: the saved one's shapes and dtypes
         restored = self.store.restore_newest(
-            {"params": self.params, "opt_state": self.opt_state},
-            check_meta=self._check_resumable,
-            report=self._say,
+            targets, check_meta=self._check_resumable, report=self._say
         )
         if restored is None:
             return
         self.last_saved_step, items, meta = restored
         self.params, self.opt_state = items["params"], items["opt_state"]
-        self.controller.load_state_dict(meta["controller"])
+        state = dict(meta["controller"])
+        rows = int(state.get(f"{PROMPT_TABLE}size", 0))
+        state.update({k: np.asarray(v)[:rows] for k, v in items.get("prompt_table", {}).items()})
+        self.controller.load_state_dict(state)
         self.step = int(meta["step"])
         self.last_eval = meta.get("last_eval", {})
 
@@ -311,15 +378,28 @@ class Trainer:
                 f"logging.run_dir or the run's own config"
             )
 
+    def _controller_state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """The controller's state split in two: for the JSON meta, and the hybrid's per-prompt
+        table (``PROMPT_TABLE`` arrays padded to ``controller.hybrid.capacity`` rows; empty for
+        the other controllers) for an Orbax item."""
+        state = self.controller.state_dict()
+        table = {k: v for k, v in state.items() if k.startswith(PROMPT_TABLE) and np.ndim(v) == 1}
+        capacity = self.cfg.controller.hybrid.capacity
+        padded = {k: np.pad(v, (0, capacity - len(v))) for k, v in table.items()}
+        return {k: v for k, v in state.items() if k not in table}, padded
+
     def save(self) -> None:
+        controller, table = self._controller_state()
         meta = {
             "step": self.step,
-            "controller": self.controller.state_dict(),
+            "controller": controller,
             "config": to_dict(self.cfg),
             "last_eval": self.last_eval,
             "processes": jax.process_count(),
         }
         items = {"params": self.params, "opt_state": self.opt_state}
+        if table:
+            items["prompt_table"] = table
         if not self.store.save(self.step, items, meta):
             self._say(
                 f"step {self.step}: parameters or optimizer state not finite, checkpoint not "
@@ -343,13 +423,12 @@ class Trainer:
         bucket = bucket_length(width, self.source.prompt_buckets)  # 'auto' resolved
         new = cfg.sampling.max_new_tokens
         key = jax.random.key(0)
-        for g in self.controller.candidates:
-            n = prompts_for(cfg, g) * g
+        for label, n in rollout_shapes(cfg, self.controller.candidates).items():
             t0 = time.perf_counter()
             self.sampler.compile(self.params, n, bucket, max_new_tokens=new)
             t1 = time.perf_counter()
             if cfg.train.packing:
-                log(f"compiled G={g} ({n} rollouts): rollout {t1 - t0:.1f} s")
+                log(f"compiled {label} ({n} rollouts): rollout {t1 - t0:.1f} s")
                 continue
             # shaped and placed as a real batch: rows split over the mesh
             batch = batch_spec(n, bucket, new, self.plan.rows)
@@ -357,14 +436,21 @@ class Trainer:
                 self.params, self.opt_state, batch, key, self.settings, self.ref_params
             )
             t2 = time.perf_counter()
-            log(f"compiled G={g} ({n} rollouts): rollout {t1 - t0:.1f} s, update {t2 - t1:.1f} s")
+            log(f"compiled {label} ({n} rollouts): rollout {t1 - t0:.1f} s, update {t2 - t1:.1f} s")
 
     # ------------------------------------------------------------------ one step
 
-    def _rollout(self, group_size: int, key: jax.Array) -> tuple[Rollouts, list[Rollouts], int]:
-        """The step's training batch (P groups), every round generated, and rounds used."""
+    def _num_prompts(self, sizes: int | np.ndarray) -> int:
+        """Prompts of the step (every process's) at G, or at the per-prompt ``sizes`` [P]."""
+        return prompts_for(self.cfg, sizes) if np.ndim(sizes) == 0 else len(sizes)
+
+    def _rollout(
+        self, sizes: int | np.ndarray, key: jax.Array
+    ) -> tuple[Rollouts, list[Rollouts], int]:
+        """The step's training batch (P groups of G, or of the per-prompt ``sizes`` [P]), every
+        round generated, and rounds used."""
         cfg = self.cfg
-        num_prompts = prompts_for(cfg, group_size)
+        num_prompts = self._num_prompts(sizes)
         s = cfg.sampling
         kwargs = dict(
             max_new_tokens=s.max_new_tokens,
@@ -391,16 +477,14 @@ class Trainer:
                 self.params,
                 self.source,
                 prompts,
-                group_size,
+                sizes,
                 jax.random.fold_in(key, round_),
                 **kwargs,
             )
             rounds.append(r)
             if not cfg.loss.dynamic_sampling:
                 return r, rounds, 1
-            informative = np.flatnonzero(
-                informative_groups(self._shaped(r).reshape(-1, group_size))
-            )
+            informative = np.flatnonzero(informative_groups(self._shaped(r).reshape(-1, sizes)))
             take = informative[: local_prompts - kept_groups]
             if len(take):
                 kept.append(r.select_groups(take))
@@ -412,7 +496,7 @@ class Trainer:
             first = rounds[0]
             spare = np.setdiff1d(
                 np.arange(local_prompts),
-                np.flatnonzero(informative_groups(self._shaped(first).reshape(-1, group_size))),
+                np.flatnonzero(informative_groups(self._shaped(first).reshape(-1, sizes))),
             )
             kept.append(first.select_groups(spare[: local_prompts - kept_groups]))
         return Rollouts.concat(kept), rounds, len(rounds)
@@ -428,8 +512,8 @@ class Trainer:
         )
 
     def train_step(self) -> dict[str, Any]:
-        """One GRPO/DAPO step, as its stages: choose G -> sample (and score) -> shape rewards
-        -> advantages -> update batch -> update -> observe -> record."""
+        """One GRPO/DAPO step, as its stages: choose G (or per-prompt sizes) -> sample (and
+        score) -> shape rewards -> advantages -> update batch -> update -> observe -> record."""
         clock = {"start": time.perf_counter()}
         g = self._agreed_group_size()
         rollout_key, update_key = jax.random.split(jax.random.fold_in(self.root_key, self.step))
@@ -437,14 +521,14 @@ class Trainer:
         batch, rounds, used_rounds = self._rollout(g, rollout_key)
         clock["sampled"] = time.perf_counter()
         rewards = self._shaped(batch)
-        adv, zero_variance_p = self._advantages(rewards, g)
+        adv, zero_variance_p = self._advantages(rewards, batch.group_sizes)
         update_batch = self._update_batch(batch, adv)
         clock["packed"] = time.perf_counter()
         crash_point("update", self.step)
         update_rows = len(update_batch["norm" if self.cfg.train.packing else "adv"])
         upd = self._update(update_batch, update_key)
         clock["updated"] = time.perf_counter()
-        ctrl, lengths = self._observe(rounds, g)
+        ctrl, lengths = self._observe(rounds)
         self.step += 1
         clock["end"] = time.perf_counter()
         return self._record(
@@ -461,12 +545,14 @@ class Trainer:
             clock=clock,
         )
 
-    def _advantages(self, rewards: np.ndarray, group_size: int) -> tuple[np.ndarray, np.ndarray]:
-        """(advantage float32 [N], zero-variance flag bool [P]) of this process's groups."""
-        num_groups = len(rewards) // group_size
-        group_ids = np.repeat(np.arange(num_groups), group_size)
+    def _advantages(
+        self, rewards: np.ndarray, sizes_p: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(advantage float32 [N], zero-variance flag bool [P]) of this process's groups, of
+        ``sizes_p`` [P] consecutive rows each (one G, or mixed sizes)."""
+        group_ids = np.repeat(np.arange(len(sizes_p)), sizes_p)
         adv, stats = group_advantages(
-            rewards, group_ids, num_groups, scale_by_std=self.scale_by_std
+            rewards, group_ids, len(sizes_p), scale_by_std=self.scale_by_std
         )
         return np.asarray(adv, np.float32), np.asarray(stats["zero_variance_p"])
 
@@ -518,10 +604,19 @@ class Trainer:
         )
         return {k: float(v) for k, v in jax.device_get(upd).items()}
 
-    def _observe(self, rounds: list[Rollouts], group_size: int) -> tuple[dict, np.ndarray]:
-        """The controller sees every process's lengths of every round: (its stats, lengths)."""
-        lengths = gather_rows(Rollouts.concat(rounds).lengths)
-        return self.controller.observe(lengths.reshape(-1, group_size)), lengths
+    def _observe(self, rounds: list[Rollouts]) -> tuple[dict, np.ndarray]:
+        """The controller sees every process's lengths of every round: (its stats, lengths);
+        the hybrid also their groups' sizes, prompt ids and raw rewards."""
+        every = Rollouts.concat(rounds)
+        lengths = gather_rows(every.lengths)
+        sizes_p = gather_rows(every.group_sizes)
+        if not self.controller.prompt_aware:
+            return self.controller.observe(lengths.reshape(len(sizes_p), -1)), lengths
+        ids_p = gather_rows(np.array([p.id for p in every.prompts], np.int64))
+        ctrl = self.controller.observe(
+            lengths, group_sizes=sizes_p, prompt_ids=ids_p, rewards=gather_rows(every.rewards)
+        )
+        return ctrl, lengths
 
     def _record(
         self,
@@ -557,6 +652,7 @@ class Trainer:
         t_update = clock["updated"] - clock["packed"]
         total = clock["end"] - clock["start"]
         generated = int(lengths.sum())
+        sizes_p = gather_rows(batch.group_sizes)
         record = {
             "reward": float(rewards.mean()),
             "reward_raw": float(gather_rows(batch.rewards).mean()),
@@ -566,8 +662,8 @@ class Trainer:
             "length/min": int(lengths.min()),
             "length/median": float(np.median(lengths)),
             "truncated_frac": float(gather_rows(all_rounds.truncated).mean()),
-            "group_size": g,
-            "prompts": len(rewards) // g,
+            "group_size": g if np.ndim(g) == 0 else float(sizes_p.mean()),
+            "prompts": len(sizes_p),
             "rounds": used_rounds,
             "zero_variance_frac": float(np.mean(gather_rows(zero_variance_p))),
             "reward_failed_rows": int(failed),
@@ -592,26 +688,43 @@ class Trainer:
             "update_rows": update_rows,  # packed rows (or one per rollout, unpacked)
             **{f"update/{k}": v for k, v in upd.items()},
             "group_ratios": ctrl["group_ratios"],
-            "lengths": lengths.reshape(-1, g),
+            "lengths": [  # group by group, every round
+                group.tolist()
+                for group in np.split(lengths, np.cumsum(gather_rows(all_rounds.group_sizes))[:-1])
+            ],
             "prompt_tokens": int(prompt_tokens) // len(rewards),
         }
+        if np.ndim(g):
+            record["group_sizes"] = sizes_p
         if ctrl.get("posterior_mean") is not None:
             record["controller/posterior_mean"] = ctrl["posterior_mean"]
         if upd.get("skipped", 0) > 0:
             record["warning"] = "non-finite loss or gradient: update skipped"
         return record
 
-    def _agreed_group_size(self) -> int:
-        """The controller's G, checked to be process 0's (the controllers of all processes see
-        the same gathered statistics, so they must agree)."""
-        g = self.controller.propose()
-        leader_g = int(from_leader(np.int32(g)))
-        if any_process(leader_g != g):  # all processes stop together, none waits alone
+    def _agreed_group_size(self) -> int | np.ndarray:
+        """The controller's G, or int64 [P] per-prompt sizes (hybrid ``per_prompt``), checked to
+        be process 0's (the controllers of all processes see the same gathered statistics and
+        prompts, so they must agree)."""
+        if self.controller.prompt_aware:
+            g = self.controller.propose_for(*self._step_prompts())
+        else:
+            g = self.controller.propose()
+        leader_g = from_leader(np.asarray(g, np.int64))
+        if any_process(not np.array_equal(leader_g, g)):  # all stop together, none waits alone
             raise RuntimeError(
                 f"step {self.step}: the processes' controllers disagree (process "
                 f"{jax.process_index()}: G = {g}, process 0: G = {leader_g}); their states diverged"
             )
         return g
+
+    def _step_prompts(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ids int64 [P], prompt tokens int64 [P]) of the step's prompts, every process's, in
+        the order of the global batch (``train.batch_mode: prompts``: they do not depend on G)."""
+        prompts = self.source.batch(self.step, 0, self.cfg.train.prompts_per_step)
+        ids = np.array([p.id for p in prompts], np.int64)
+        tokens = np.array([len(self.source.encode(p)) for p in prompts], np.int64)
+        return gather_rows(ids), gather_rows(tokens)
 
     # ------------------------------------------------------------------ evaluation
 

@@ -1,8 +1,8 @@
 """One rollout round on the host side: prompts -> tokens -> sampler -> text -> rewards.
 
-The batch holds every prompt repeated G times consecutively (row r belongs to group r // G), so
-its shape, and therefore the compiled sampler program, depends only on (prompts x G, prompt
-bucket, max_new_tokens).
+The batch holds prompt p repeated G_p times consecutively (one G for every prompt, or per-prompt
+sizes from the hybrid controller), so its shape, and therefore the compiled sampler program,
+depends only on (total rows, prompt bucket, max_new_tokens).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from sagc_jax.train.data import Prompt
 
 @dataclasses.dataclass
 class Rollouts:
-    """A round of ``P x G`` completions (numpy, host memory; row r is in group r // G)."""
+    """A round of ``sum_p G_p`` completions (numpy, host memory), group by group."""
 
     prompts: list[Prompt]  # [P]
-    group_size: int
+    group_sizes: np.ndarray  # int64 [P]: rows of each prompt, consecutive
     prompt_ids: np.ndarray  # int32 [N, bucket], left-padded
     prompt_lens: np.ndarray  # int32 [N]
     completion: np.ndarray  # int32 [N, L]
@@ -37,19 +37,22 @@ class Rollouts:
     decode_steps: int = 0
 
     @property
-    def lengths_pg(self) -> np.ndarray:
-        return self.lengths.reshape(-1, self.group_size)
-
-    @property
-    def rewards_pg(self) -> np.ndarray:
-        return self.rewards.reshape(-1, self.group_size)
+    def group_ids(self) -> np.ndarray:
+        """Group (prompt) index of every row, int64 [N]."""
+        return np.repeat(np.arange(len(self.group_sizes)), self.group_sizes)
 
     def select_groups(self, keep_p: np.ndarray) -> Rollouts:
         """The rollouts of the groups whose index is in ``keep_p`` (in that order)."""
-        rows = (np.asarray(keep_p)[:, None] * self.group_size + np.arange(self.group_size)).ravel()
+        keep_p = np.asarray(keep_p, dtype=np.int64)
+        starts_p = np.cumsum(self.group_sizes) - self.group_sizes
+        rows = np.concatenate(
+            [np.arange(starts_p[p], starts_p[p] + self.group_sizes[p]) for p in keep_p]
+            or [np.zeros(0, dtype=np.int64)]
+        )
         return dataclasses.replace(
             self,
             prompts=[self.prompts[p] for p in keep_p],
+            group_sizes=self.group_sizes[keep_p],
             prompt_ids=self.prompt_ids[rows],
             prompt_lens=self.prompt_lens[rows],
             completion=self.completion[rows],
@@ -64,13 +67,14 @@ class Rollouts:
 
     @staticmethod
     def concat(parts: list[Rollouts]) -> Rollouts:
-        """Rows of several rounds with the same G and prompt width, in order."""
+        """Rows of several rounds with the same prompt width, in order."""
         if len(parts) == 1:
             return parts[0]
         cat = lambda name: np.concatenate([getattr(p, name) for p in parts])  # noqa: E731
         return dataclasses.replace(
             parts[0],
             prompts=[q for p in parts for q in p.prompts],
+            group_sizes=cat("group_sizes"),
             prompt_ids=cat("prompt_ids"),
             prompt_lens=cat("prompt_lens"),
             completion=cat("completion"),
@@ -90,7 +94,7 @@ def generate(
     params,
     source,
     prompts: list[Prompt],
-    group_size: int,
+    group_sizes: int | np.ndarray,
     key: jax.Array,
     *,
     max_new_tokens: int,
@@ -101,7 +105,8 @@ def generate(
     reward_on_error: str = "raise",
     min_length: int = 0,
 ) -> Rollouts:
-    """Sample G completions for every prompt and score them with the source's reward.
+    """Sample ``group_sizes`` completions of every prompt (one G for all, or int [P] sizes)
+    and score them with the source's reward.
 
     Prompts are padded to the bucket of the longest prompt of every process (the processes'
     rows form one global batch of one width), or of ``min_length`` if longer.
@@ -109,8 +114,9 @@ def generate(
     encoded = [source.encode(p) for p in prompts]
     longest = int(gather_rows(np.array([max(min_length, *map(len, encoded))])).max())
     ids_pt, lens_p = left_pad(encoded, source.tokenizer.pad_id, buckets, min_length=longest)
-    prompt_ids = np.repeat(ids_pt, group_size, axis=0)
-    prompt_lens = np.repeat(lens_p, group_size, axis=0)
+    sizes_p = np.broadcast_to(np.asarray(group_sizes, dtype=np.int64), (len(prompts),)).copy()
+    prompt_ids = np.repeat(ids_pt, sizes_p, axis=0)
+    prompt_lens = np.repeat(lens_p, sizes_p, axis=0)
     out = sampler(
         params,
         prompt_ids,
@@ -131,12 +137,12 @@ def generate(
         if ids and ids[-1] == eos:
             ids = ids[:-1]
         texts.append(source.tokenizer.decode(ids))
-    texts_prompts = [p.text for p in prompts for _ in range(group_size)]
-    answers = [p.answer for p in prompts for _ in range(group_size)]
+    texts_prompts = [p.text for p, g in zip(prompts, sizes_p, strict=True) for _ in range(g)]
+    answers = [p.answer for p, g in zip(prompts, sizes_p, strict=True) for _ in range(g)]
     scored = score_batch(source.reward_fn, texts_prompts, texts, answers, on_error=reward_on_error)
     return Rollouts(
         prompts=list(prompts),
-        group_size=group_size,
+        group_sizes=sizes_p,
         prompt_ids=prompt_ids,
         prompt_lens=prompt_lens,
         completion=completion,
