@@ -1,7 +1,10 @@
-"""The prompt-aware hybrid controller: per-prompt table, predictor, allocation, resume (numpy)."""
+"""The prompt-aware hybrid controller: per-prompt table, predictor, allocation, resume (numpy),
+and training with it: prompt ids, both modes, mixed group sizes, exact resume."""
 
 import dataclasses
+import json
 
+import jax
 import numpy as np
 import pytest
 
@@ -426,13 +429,182 @@ def test_controller_specs_and_config():
     assert "strictly increasing" in msg
 
 
-def test_the_trainer_refuses_the_hybrid_controller_until_it_feeds_prompt_ids(tmp_path):
-    from sagc_jax.config import ConfigError, load_config
-    from sagc_jax.train.compare import run_config
+# --------------------------------------------------------------------------- in the trainer
+
+HYBRID_TINY = [
+    "controller.kind=hybrid",
+    "data.prompt_pool=4",
+    "logging.tensorboard=false",
+]
+
+
+def trainer_config(*overrides):
+    from helpers import TINY
+
+    return load_config(None, [*TINY, *HYBRID_TINY, *overrides])
+
+
+def test_synthetic_prompt_pool_is_revisited_every_epoch_in_a_seeded_order():
+    from sagc_jax.train.data import SyntheticSource
+
+    def ids(cfg, steps, shard=0, shards=1):
+        source = SyntheticSource(cfg, shard_index=shard, num_shards=shards, log=lambda _: None)
+        return [p.id for step in range(steps) for p in source.batch(step, 0, 2)]
+
+    cfg = trainer_config("data.prompt_pool=4")
+    seen = ids(cfg, 6)  # three epochs of the pool of 4
+    assert seen == ids(cfg, 6)  # a pure function of (step, round, index)
+    for epoch in range(3):
+        assert sorted(seen[4 * epoch : 4 * epoch + 4]) == [0, 1, 2, 3]
+    assert seen[:4] != seen[4:8] or seen[4:8] != seen[8:]  # each epoch its own order
+    # a second process gets its share of the same global order
+    halves = [ids(cfg, 6, shard, 2) for shard in (0, 1)]
+    assert [x for pair in zip(*halves, strict=True) for x in pair] == seen
+    # the same id is the same problem, whatever the epoch
+    source = SyntheticSource(cfg, log=lambda _: None)
+    texts = {}
+    for step in range(6):
+        for p in source.batch(step, 0, 2):
+            assert texts.setdefault(p.id, p.text) == p.text
+    # with a curriculum the pool index is still the id, capped by the step
+    curriculum = trainer_config("data.prompt_pool=4", "data.curriculum_steps=4")
+    assert ids(curriculum, 6) == seen
+    # no pool: the endless stream of new problems, id = its position
+    assert ids(trainer_config("data.prompt_pool=0"), 3) == list(range(6))
+
+
+def test_dataset_prompt_ids_are_row_indices(tmp_path):
+    from helpers import write_word_tokenizer
+
+    from sagc_jax.train.data import DatasetSource
+    from sagc_jax.train.policy import build_tokenizer
+
+    write_word_tokenizer(tmp_path / "tok")
+    data = tmp_path / "train.jsonl"
+    rows = [{"prompt": f"what is {a} plus 1", "answer": str(a + 1)} for a in range(5)]
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    cfg = trainer_config(
+        "data.task=dataset", f"data.path={data}", f"model.tokenizer={tmp_path}/tok"
+    )
+    tok = build_tokenizer(cfg)
+    source = DatasetSource(cfg, tok, log=lambda _: None)
+    prompts = [p for step in range(5) for p in source.batch(step, 0, 2)]
+    for p in prompts:
+        assert p.text == rows[p.id]["prompt"]
+    assert sorted(p.id for p in prompts[:5]) == [0, 1, 2, 3, 4]  # every row once an epoch
+    shard = DatasetSource(cfg, tok, shard_index=1, num_shards=2, log=lambda _: None)
+    assert sorted(r.index for r in shard.rows) == [1, 3]  # rows of the file, not of the shard
+
+
+@pytest.mark.parametrize(
+    "mode, extra, programs",
+    [
+        ("step", [], 2),  # at most one rollout program per candidate G
+        ("per_prompt", ["controller.hybrid.rollout_budget=6"], 1),  # one per budget
+        ("per_prompt", [], 2),  # budget level G_t chosen among the candidates
+    ],
+)
+def test_the_trainer_trains_with_the_hybrid_controller(tmp_path, mode, extra, programs):
     from sagc_jax.train.loop import Trainer
 
-    cfg = run_config(load_config(None, []), "hybrid:per_prompt", seed=0, steps=2)
-    assert (cfg.controller.kind, cfg.controller.hybrid.mode) == ("hybrid", "per_prompt")
-    with pytest.raises(ConfigError, match="simulator only"):
-        Trainer(cfg, tmp_path / "run")
+    cfg = trainer_config("train.steps=3", f"controller.hybrid.mode={mode}", *extra)
+    trainer = Trainer(cfg, tmp_path / "run")
+    trainer.run(progress=False)
+    trainer.close()
+    assert trainer.sampler.num_traces <= programs
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in lines if "group_size" in r]
+    assert len(steps) == 3 and trainer.controller.step == 3
+    assert len(trainer.controller.predictor.stats) == 4  # the pool, seen through the ids
+    for r in steps:
+        sizes = [len(group) for group in r["lengths"]]
+        assert r["prompts"] == len(sizes) == 2
+        if mode == "step":
+            assert r["group_size"] in (2, 4) and set(sizes) == {r["group_size"]}
+        else:
+            assert r["group_sizes"] == sizes and r["group_size"] == np.mean(sizes)
+        if extra:
+            assert sum(sizes) == 6
+
+
+def test_hybrid_resume_continues_exactly(tmp_path):
+    from sagc_jax.train.loop import Trainer
+
+    common = ["controller.hybrid.mode=per_prompt", "controller.hybrid.rollout_budget=6"]
+    run = lambda steps, where: Trainer(  # noqa: E731
+        trainer_config(*common, f"train.steps={steps}", "train.checkpoint_every=2"), where
+    )
+    straight = run(4, tmp_path / "straight")
+    straight.run(progress=False)
+    straight.close()
+    first = run(2, tmp_path / "resumed")
+    first.run(progress=False)
+    first.close()
+    meta = json.loads((tmp_path / "resumed/checkpoints/2/meta/metadata").read_text())
+    assert not any(k.startswith("predictor_table_ids") for k in meta["controller"])  # in Orbax
+    assert (tmp_path / "resumed/checkpoints/2/prompt_table").is_dir()
+    second = run(4, tmp_path / "resumed")
+    assert second.step == 2 and len(second.controller.predictor.stats) == 4
+    second.run(progress=False)
+    second.close()
+    for a, b in zip(jax.tree.leaves(straight.params), jax.tree.leaves(second.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    sa, sb = straight.controller.state_dict(), second.controller.state_dict()
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        np.testing.assert_array_equal(sa[key], sb[key], err_msg=key)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["train.batch_mode=budget"], "needs train.batch_mode = prompts"),
+        (["loss.dynamic_sampling=true"], "loss.dynamic_sampling"),
+        (
+            ["controller.hybrid.mode=per_prompt", "controller.hybrid.rollout_budget=20"],
+            "rollout_budget = 20 cannot be split into train.prompts_per_step = 2 groups",
+        ),
+    ],
+)
+def test_the_trainer_refuses_what_the_hybrid_cannot_train(tmp_path, extra, message):
+    from sagc_jax.train.loop import Trainer
+
+    with pytest.raises(ConfigError) as err:
+        Trainer(trainer_config(*extra), tmp_path / "run")
+    assert message in str(err.value) and "\n" not in str(err.value)
     assert not (tmp_path / "run").exists()  # nothing written
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "dapo", "dr_grpo"])
+def test_a_mixed_size_step_equals_its_groups_computed_one_by_one(algorithm):
+    from types import SimpleNamespace
+
+    from sagc_jax.rl import ALGORITHMS, group_advantages, loss_normalizer, policy_loss
+    from sagc_jax.train.loop import Trainer
+
+    aggregation, scale_by_std = ALGORITHMS[algorithm]
+    rng = np.random.default_rng(0)
+    sizes_p = np.array([4, 2, 8, 2])
+    n, t = int(sizes_p.sum()), 6
+    rewards = rng.integers(0, 2, n).astype(np.float32)
+    rewards[4:6] = 1.0  # an all-equal group: zero advantage
+    trainer = SimpleNamespace(scale_by_std=scale_by_std)
+    adv, zero_variance_p = Trainer._advantages(trainer, rewards, sizes_p)
+    bounds = np.cumsum(sizes_p)[:-1]
+    for p, (r, a) in enumerate(zip(np.split(rewards, bounds), np.split(adv, bounds), strict=True)):
+        alone, stats = group_advantages(r, np.zeros(len(r), int), 1, scale_by_std=scale_by_std)
+        np.testing.assert_allclose(a, alone, rtol=1e-6, atol=1e-7)
+        assert zero_variance_p[p] == bool(stats["zero_variance_p"][0])
+    assert zero_variance_p[1]
+    # the loss: the whole step's normaliser, so the groups' losses sum to the step's
+    logp = rng.normal(size=(n, t)).astype(np.float32) * 0.1 - 1.0
+    old = logp + rng.normal(size=(n, t)).astype(np.float32) * 0.05
+    mask = (np.arange(t)[None, :] < rng.integers(1, t + 1, n)[:, None]).astype(np.float32)
+    norm = loss_normalizer(mask, aggregation, max_new_tokens=t)
+    kw = dict(aggregation=aggregation, eps_low=0.2, eps_high=0.28)
+    whole, _ = policy_loss(logp, old, adv, mask, norm, **kw)
+    parts = [
+        policy_loss(lp, o, a, m, norm, **kw)[0]
+        for lp, o, a, m in zip(*(np.split(x, bounds) for x in (logp, old, adv, mask)), strict=True)
+    ]
+    np.testing.assert_allclose(float(whole), float(sum(parts)), rtol=1e-5)
