@@ -145,9 +145,9 @@ def check_batch_shapes(
             f"mesh.data x mesh.fsdp = {batch_shards} batch shards is not a multiple of the "
             f"{processes} processes: every process must hold its own rows"
         )
-    if per_prompt_budget(cfg):
+    budget = per_prompt_budget(cfg)
+    if budget:
         candidates = ()  # one fixed batch of rows, whatever the sizes
-        budget = per_prompt_budget(cfg)
         if budget % (parts * batch_shards):
             raise ConfigError(
                 f"controller.hybrid.rollout_budget = {budget} rollouts cannot be split into "
@@ -710,7 +710,7 @@ class Trainer:
             g = self.controller.propose_for(*self._step_prompts())
         else:
             g = self.controller.propose()
-        leader_g = from_leader(np.asarray(g, np.int64))
+        leader_g = from_leader(np.asarray(g, np.int32))
         if any_process(not np.array_equal(leader_g, g)):  # all stop together, none waits alone
             raise RuntimeError(
                 f"step {self.step}: the processes' controllers disagree (process "
