@@ -191,8 +191,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _train(run_dir, steps, processes=1, devices=1):
-    overrides = [f"--set={o}" for o in [*RUN, f"train.steps={steps}", f"logging.run_dir={run_dir}"]]
+def _train(run_dir, steps, processes=1, devices=1, extra=()):
+    run = [*RUN, *extra, f"train.steps={steps}", f"logging.run_dir={run_dir}"]
+    overrides = [f"--set={o}" for o in run]
     cmd = [sys.executable, "-m", "sagc_jax", "train", *overrides]
     if processes == 1:
         out = subprocess.run(cmd, env=_env(devices), capture_output=True, text=True, timeout=600)
@@ -235,13 +236,18 @@ def _group_sizes(run_dir):
     return [r["group_size"] for r in map(json.loads, lines) if "group_size" in r]
 
 
-def test_two_processes_train_like_one(tmp_path):
+@pytest.mark.parametrize(
+    "extra",
+    [(), ("controller.kind=hybrid", "data.prompt_pool=8")],  # hybrid: step mode, prompt ids
+    ids=["sagc", "hybrid"],
+)
+def test_two_processes_train_like_one(tmp_path, extra):
     one, two = tmp_path / "one", tmp_path / "two"
-    _train(one, steps=4, devices=2)
+    _train(one, steps=4, devices=2, extra=extra)
     # two processes of one device each: 2 steps, then a resume (Orbax restore across processes)
-    outs = _train(two, steps=2, processes=2)
+    outs = _train(two, steps=2, processes=2, extra=extra)
     assert "2 process(es)" in outs[0] and "train" not in outs[1]  # only process 0 prints
-    _train(two, steps=4, processes=2)
+    _train(two, steps=4, processes=2, extra=extra)
     sizes = _group_sizes(one)
     assert _group_sizes(two) == sizes and len(set(sizes)) == 2, sizes
     for got, want in zip(_params(two, 4), _params(one, 4), strict=True):
