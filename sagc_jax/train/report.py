@@ -46,9 +46,9 @@ def summarize(steps: list[dict], evals: list[dict]) -> dict:
     }
 
 
-def plot_runs(runs: dict[str, tuple[list[dict], list[dict]]], out_dir: Path) -> list[Path]:
-    """PNGs over all named runs: accuracy and reward against wall-clock, G and lambda over
-    steps, posterior mean per candidate, and the distribution of group max/median ratios."""
+def figure_writer(out_dir: Path):
+    """(pyplot on the Agg backend, ``save(fig, name)`` that writes ``out_dir/name`` as a PNG and
+    closes the figure, the list of paths written so far)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -62,6 +62,14 @@ def plot_runs(runs: dict[str, tuple[list[dict], list[dict]]], out_dir: Path) -> 
         fig.savefig(out_dir / name, dpi=110)
         plt.close(fig)
         paths.append(out_dir / name)
+
+    return plt, save, paths
+
+
+def plot_runs(runs: dict[str, tuple[list[dict], list[dict]]], out_dir: Path) -> list[Path]:
+    """PNGs over all named runs: accuracy and reward against wall-clock, G and lambda over
+    steps, posterior mean per candidate, and the distribution of group max/median ratios."""
+    plt, save, paths = figure_writer(out_dir)
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
     for name, (steps, evals) in runs.items():

@@ -22,6 +22,7 @@ import numpy as np
 
 from sagc_jax.config import SimConfig
 from sagc_jax.sim.steptime import step_seconds
+from sagc_jax.train.report import figure_writer
 
 # Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom (then the normal's).
 _T_975 = (
@@ -90,12 +91,17 @@ def modeled_step_seconds(steps: list[dict], sim: SimConfig) -> np.ndarray:
 def time_to_accuracy(steps: list[dict], evals: list[dict], step_s, target: float) -> float:
     """Seconds (summed ``step_s`` of the steps before it) until the first evaluation with
     accuracy >= ``target``; nan when none reaches it. Evaluation at step k follows k steps."""
+    for at, r in zip(eval_clock(steps, evals, step_s), evals, strict=True):
+        if r["eval/accuracy"] >= target:
+            return float(at)
+    return math.nan
+
+
+def eval_clock(steps: list[dict], evals: list[dict], step_s) -> np.ndarray:
+    """float [evals]: summed ``step_s`` of the steps logged before each evaluation."""
     clock = np.concatenate([[0.0], np.cumsum(np.asarray(step_s, float))])
     done = np.array([int(r["step"]) for r in steps])  # 1, 2, ...: steps completed
-    for r in evals:
-        if r["eval/accuracy"] >= target:
-            return float(clock[np.searchsorted(done, int(r["step"]), side="right")])
-    return math.nan
+    return clock[np.searchsorted(done, [int(r["step"]) for r in evals], side="right")]
 
 
 def run_measures(steps: list[dict], evals: list[dict], sim: SimConfig, target: float) -> dict:
@@ -242,19 +248,7 @@ def plot_study(per_run: dict, controllers: list[str], seeds: int, sim: SimConfig
     """PNGs of the study (mean line and 95% CI band over seeds): held-out accuracy against
     wall-clock and against modeled time, G and lambda over steps, the posterior mean per
     candidate, and the straggler rate and mean group max/median ratio over steps."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-
-    def save(fig, name):
-        fig.tight_layout()
-        fig.savefig(out_dir / name, dpi=110)
-        plt.close(fig)
-        paths.append(out_dir / name)
+    plt, save, paths = figure_writer(out_dir)
 
     def common_steps(c):  # steps every seed logged (a run in progress may be shorter)
         return min(len(per_run[(c, s)][0]) for s in range(seeds))
@@ -272,10 +266,7 @@ def plot_study(per_run: dict, controllers: list[str], seeds: int, sim: SimConfig
             times, accs = [], []
             for s in range(seeds):
                 steps, evals = per_run[(c, s)]
-                clock = np.concatenate([[0.0], np.cumsum(clock_of(steps))])
-                done = np.array([int(r["step"]) for r in steps])
-                at = [clock[np.searchsorted(done, int(r["step"]), side="right")] for r in evals]
-                times.append(at)
+                times.append(eval_clock(steps, evals, clock_of(steps)))
                 accs.append([r["eval/accuracy"] for r in evals])
             n = min(len(a) for a in accs)  # evaluations every seed reached
             _band(ax, np.mean([t[:n] for t in times], axis=0), [a[:n] for a in accs], c)
