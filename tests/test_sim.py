@@ -138,12 +138,35 @@ def test_replay_first_g_then_bootstrap(tmp_path):
     np.testing.assert_array_equal(filled, ReplayWorkload(log).lengths(0, 8))  # seeded
 
 
+def test_replay_reads_groups_of_mixed_sizes(tmp_path):
+    """A hybrid per_prompt log: groups of their own sizes; a request beyond a group's size
+    resamples that group's own lengths, and groups of one size replay as before."""
+    log = write_log(tmp_path / "log.jsonl", [{"lengths": [[1, 2, 3, 4], [5, 6], [7, 8, 9, 10]]}])
+    w = ReplayWorkload(log)
+    np.testing.assert_array_equal(w.lengths(0, 2), [[1, 2], [5, 6], [7, 8]])
+    assert not w.is_bootstrapped(0, 2) and w.is_bootstrapped(0, 4)
+    filled = w.lengths(0, 4)
+    np.testing.assert_array_equal(filled[[0, 2]], [[1, 2, 3, 4], [7, 8, 9, 10]])
+    np.testing.assert_array_equal(filled[1, :2], [5, 6])
+    assert set(filled[1, 2:]) <= {5, 6}
+    assert set(w.lengths(0, 6)[0, 4:]) <= {1, 2, 3, 4}
+    # the resampling of equal groups is the same draw whichever way the sizes are stored
+    equal = write_log(tmp_path / "equal.jsonl", [{"lengths": [[1, 2, 3, 4], [5, 6, 7, 8]]}])
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([0, 0])))
+    picks = rng.integers(0, 4, size=(2, 4))
+    logged = np.array([[1, 2, 3, 4], [5, 6, 7, 8]])
+    np.testing.assert_array_equal(
+        ReplayWorkload(equal).lengths(0, 8)[:, 4:], np.take_along_axis(logged, picks, axis=1)
+    )
+
+
 @pytest.mark.parametrize(
     "line, message",
     [
         ("{not json", "log.jsonl:2: not valid JSON"),
         ("[1, 2]", "log.jsonl:2: expected a JSON object"),
-        ('{"lengths": [[1, 2], [3]]}', "log.jsonl:2: 'lengths' must be"),
+        ('{"lengths": [[1, 2], []]}', "log.jsonl:2: 'lengths' must be"),
+        ('{"lengths": [[1, 2.5]]}', "log.jsonl:2: 'lengths' must be"),
         ('{"lengths": [[1, -2]]}', "log.jsonl:2: 'lengths' must be"),
         ('{"lengths": [[1, 2]], "prompt_tokens": "x"}', "log.jsonl:2: 'prompt_tokens'"),
     ],

@@ -8,6 +8,7 @@ import pytest
 from sagc_jax.config import SimConfig
 from sagc_jax.sim import step_seconds
 from sagc_jax.train.study import (
+    calibration_measures,
     format_paired,
     format_rows,
     mean_ci,
@@ -56,7 +57,7 @@ def _log(accuracies_at, step_s, lengths, decode_steps=10, prompt_tokens=5):
             "decode_steps": decode_steps,
             "controller/s_t": 0.5 if i % 2 else 0.0,
             "group_size": g,
-            "length/mean": float(np.mean(lengths)) + i,
+            "length/mean": float(np.mean(np.concatenate(lengths))) + i,
         }
         if i in accuracies_at:
             r["eval/accuracy"] = accuracies_at[i]
@@ -120,3 +121,52 @@ def test_study_rows_target_and_paired_table():
         per_run[("sagc", seed)] = _log({2: 0.1, 4: 0.5}, [1.0] * 4, [[5] * 4])
     result = study(per_run, ["fixed:8", "sagc"], 3, SimConfig())
     assert "not reached" in format_rows(result["rows"])
+
+
+def test_mixed_group_sizes_count_every_rollout():
+    """A hybrid per_prompt step logs one list per group, of its own size: the modeled time, the
+    work and mean log2 G read every rollout as a flat batch would."""
+    sim = SimConfig()
+    mixed = [[10, 40, 12, 9], [11, 300]]  # sizes 4 and 2
+    steps, evals = _log({1: 0.5}, [1.0], mixed, decode_steps=300, prompt_tokens=7)
+    expected = sum(step_seconds(np.array([10, 40, 12, 9, 11, 300]), 7, sim))
+    np.testing.assert_allclose(modeled_step_seconds(steps, sim), [expected])
+    m = run_measures(steps, evals, sim, target=0.4)
+    assert m["decode_slots_M"] * 1e6 == 6 * 300
+    assert m["update_tokens_M"] * 1e6 == pytest.approx(382 + 6 * 7)
+    assert m["mean_log2_G"] == pytest.approx(1.5)  # (log2 4 + log2 2) / 2
+
+
+def test_every_adaptive_controller_is_paired_with_those_before_it():
+    per_run = {}
+    for seed in range(2):
+        per_run[("fixed:8", seed)] = _log({2: 0.5}, [1.0, 1.0], [[5] * 8])
+        per_run[("sagc", seed)] = _log({2: 0.5}, [1.0, 1.0], [[5] * 4])
+        per_run[("hybrid:per_prompt", seed)] = _log({2: 0.5}, [0.5, 0.5], [[5] * 8, [5] * 2])
+    result = study(per_run, ["fixed:8", "sagc", "hybrid:per_prompt"], 2, SimConfig())
+    pairs = [(r["subject"], r["against"]) for r in result["paired"]]
+    assert pairs == [
+        ("sagc", "fixed:8"),
+        ("hybrid:per_prompt", "fixed:8"),
+        ("hybrid:per_prompt", "sagc"),
+    ]
+    last = result["paired"][-1]
+    assert last["wall_clock_s"] == -1.0 and last["wall_clock_s_ratio"] == 0.5
+    assert last["mean_log2_G"] == pytest.approx(0.0)  # (3 + 1) / 2 against 2
+    assert "| hybrid:per_prompt - sagc |" in format_paired(result["paired"])
+    assert result["calibration"] == []  # no run logged predictions
+
+
+def test_calibration_of_a_prompt_aware_run():
+    steps, evals = _log({2: 0.5}, [1.0, 1.0, 1.0], [[5, 6]])
+    for r, predicted in zip(steps, (None, 0.25, 0.75), strict=True):
+        r["controller/predicted_s_t"] = predicted  # None: a non-finite value in the JSONL
+        r["controller/calibration_ece"] = 0.1
+        r["controller/calibration_brier"] = None
+    m = calibration_measures(steps)
+    assert m["predicted_s_t"] == 0.5 and m["observed_s_t"] == 0.25  # steps 2 and 3 only
+    assert m["calibration_ece"] == 0.1 and math.isnan(m["calibration_brier"])
+    assert calibration_measures(_log({}, [1.0], [[5]])[0]) is None
+    per_run = {("hybrid:step", 0): (steps, evals)}
+    (row,) = study(per_run, ["hybrid:step"], 1, SimConfig())["calibration"]
+    assert row["controller"] == "hybrid:step" and row["predicted_s_t"] == 0.5

@@ -137,18 +137,19 @@ class _PromptPool:
 class ReplayWorkload:
     """Lengths logged by a real run, one JSON object per line (the trainer's metrics JSONL).
 
-    A step is a line with ``"lengths"``: a list of groups, each a list of integer response lengths
-    (all groups of a line the same size); lines without it (evaluations) are skipped. Optional:
-    ``"prompt_tokens"`` (int, prompt length per sequence); other keys are ignored. A controller
-    asking for G up to the logged group size gets the first G completions of every group; a
-    larger G is filled by resampling the group's logged lengths with replacement (seeded), and
-    the step is counted in ``bootstrapped_steps``.
+    A step is a line with ``"lengths"``: a list of groups, each a non-empty list of integer
+    response lengths (groups of one size, or of mixed sizes as the hybrid ``per_prompt`` mode
+    logs them); lines without it (evaluations) are skipped. Optional: ``"prompt_tokens"`` (int,
+    prompt length per sequence); other keys are ignored. A controller asking for G gets the first
+    G completions of every group; a group with fewer is filled by resampling its own logged
+    lengths with replacement (seeded), and the step is counted in ``bootstrapped_steps``.
     """
 
     def __init__(self, path: str | Path, seed: int = 0, default_prompt_tokens: int = 0) -> None:
         self.path = Path(path)
         self.seed = seed
-        self.records: list[np.ndarray] = []
+        self.records: list[np.ndarray] = []  # int64 [P, widest group], padded with -1
+        self.group_sizes: list[np.ndarray] = []  # int64 [P]
         self.prompt_tokens_per_step: list[int] = []
         try:
             text = self.path.read_text()
@@ -167,20 +168,17 @@ class ReplayWorkload:
             groups = record.get("lengths")
             if groups is None:  # e.g. an evaluation-only line of the trainer's metrics
                 continue
-            try:
-                arr = np.asarray(groups)
-            except ValueError:
-                arr = np.asarray([], dtype=object)
-            ok = arr.ndim == 2 and arr.size > 0 and np.issubdtype(arr.dtype, np.integer)
-            if not ok or np.any(arr < 0):
+            padded = _padded_groups(groups)
+            if padded is None:
                 raise ValueError(
-                    f"{where}: 'lengths' must be a non-empty list of equal-size lists of "
+                    f"{where}: 'lengths' must be a non-empty list of non-empty lists of "
                     f"non-negative integers"
                 )
             prompt_tokens = record.get("prompt_tokens", default_prompt_tokens)
             if not isinstance(prompt_tokens, int) or prompt_tokens < 0:
                 raise ValueError(f"{where}: 'prompt_tokens' must be an integer >= 0")
-            self.records.append(arr.astype(np.int64))
+            self.records.append(padded)
+            self.group_sizes.append(np.array([len(g) for g in groups], np.int64))
             self.prompt_tokens_per_step.append(prompt_tokens)
         if not self.records:
             raise ValueError(f"{self.path}: the replay log has no line with 'lengths'")
@@ -194,13 +192,32 @@ class ReplayWorkload:
         return ids, np.full(num, self.prompt_tokens_per_step[step], dtype=np.int64)
 
     def lengths(self, step: int, group_size: int) -> np.ndarray:
-        logged = self.records[step]
-        if group_size <= logged.shape[1]:
+        logged, sizes = self.records[step], self.group_sizes[step]
+        if group_size <= sizes.min():
             return logged[:, :group_size].copy()
-        extra = group_size - logged.shape[1]
+        # column c of group p: its own completion c while c < n_p, else resampled pick c - n_p
         rng = _rng(self.seed, step)
-        picks = rng.integers(0, logged.shape[1], size=(logged.shape[0], extra))
-        return np.concatenate([logged, np.take_along_axis(logged, picks, axis=1)], axis=1)
+        picks = rng.integers(0, sizes[:, None], size=(len(sizes), group_size - sizes.min()))
+        cols = np.arange(group_size)[None, :]
+        resampled = np.take_along_axis(picks, np.maximum(cols - sizes[:, None], 0), axis=1)
+        index = np.where(cols < sizes[:, None], cols, resampled)
+        return np.take_along_axis(logged, index, axis=1)
 
     def is_bootstrapped(self, step: int, group_size: int) -> bool:
-        return group_size > self.records[step].shape[1]
+        return group_size > self.group_sizes[step].min()
+
+
+def _padded_groups(groups) -> np.ndarray | None:
+    """int64 [P, widest group] of a log line's groups, padded with -1; None unless ``groups`` is a
+    non-empty list of non-empty lists of non-negative integers."""
+    if not isinstance(groups, list) or not groups:
+        return None
+    if not all(isinstance(g, list) and g for g in groups):
+        return None
+    values = [v for g in groups for v in g]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        return None
+    out = np.full((len(groups), max(len(g) for g in groups)), -1, np.int64)
+    for p, g in enumerate(groups):
+        out[p, : len(g)] = g
+    return out

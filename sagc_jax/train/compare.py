@@ -12,7 +12,7 @@ from sagc_jax.config import Config, from_dict, parse_controller_spec, to_dict
 from sagc_jax.train.faults import Interrupted, phase, resume_hint
 from sagc_jax.train.loop import Trainer
 from sagc_jax.train.report import read_metrics
-from sagc_jax.train.study import format_paired, format_rows, plot_study, study
+from sagc_jax.train.study import CALIBRATION, format_paired, format_rows, plot_study, study
 
 
 def run_config(cfg: Config, spec: str, seed: int, steps: int | None) -> Config:
@@ -87,6 +87,13 @@ def format_tables(result: dict) -> str:
     if result["paired"]:
         text += "\n\nPaired differences on the same seeds (± 95% CI; x: ratio of the means):\n\n"
         text += format_paired(result["paired"])
+    if result["calibration"]:
+        text += (
+            "\n\nThe prompt-aware controllers' straggle prediction: the share of each step's "
+            "groups predicted to straggle (before sampling) and seen to, averaged over steps, "
+            "and the final running calibration over every group (± 95% CI):\n\n"
+        )
+        text += format_rows(result["calibration"], CALIBRATION)
     return text
 
 

@@ -12,6 +12,7 @@ uninterrupted one would.
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -698,6 +699,13 @@ class Trainer:
             record["group_sizes"] = sizes_p
         if ctrl.get("posterior_mean") is not None:
             record["controller/posterior_mean"] = ctrl["posterior_mean"]
+        if self.controller.prompt_aware:
+            # the step's mean predicted straggle (made before sampling) beside the observed
+            # s_t, and the running calibration of every group so far
+            calibration = self.controller.calibration()
+            record["controller/predicted_s_t"] = ctrl.get("predicted_s_t", math.nan)
+            record["controller/calibration_ece"] = calibration["ece"]
+            record["controller/calibration_brier"] = calibration["brier"]
         if upd.get("skipped", 0) > 0:
             record["warning"] = "non-finite loss or gradient: update skipped"
         return record

@@ -6,11 +6,13 @@ through the simulator's step-time model (``sim.steptime``, constants from the co
 section), because on a CPU the mix of decode and update time differs from an accelerator's; the
 work done, independent of the machine (decode slots: rows x decode steps the sampler ran; update
 tokens: prompt + completion tokens trained on); time-to-accuracy, wall-clock and modeled, until
-held-out accuracy first reaches a target; the straggler rate; mean G; and the mean completion
-length of the last steps.
+held-out accuracy first reaches a target; the straggler rate; mean G and mean log2 G over every
+group sampled; and the mean completion length of the last steps. A step's ``lengths`` are read as
+groups of any sizes, so runs of the hybrid ``per_prompt`` mode (a size per prompt) count alike.
 
 Per controller (``study_rows``): mean and 95% confidence interval over seeds (Student t), and a
-paired comparison of one controller against the others on the same seeds (``paired_rows``). The
+paired comparison of every adaptive controller against each controller listed before it, on the
+same seeds (``paired_rows``). The
 time-to-accuracy target is a fraction of the best fixed-G controller's mean final accuracy.
 """
 
@@ -43,11 +45,29 @@ MEASURES = (
     ("tta_modeled_s", "time to target, modeled (s)", "{:.0f}"),
     ("straggler_rate", "straggler rate", "{:.3f}"),
     ("mean_G", "mean G", "{:.2f}"),
+    ("mean_log2_G", "mean log2 G", "{:.2f}"),
     ("final_length", "final length", "{:.1f}"),
     ("decode_slots_M", "decode slots (M)", "{:.2f}"),
     ("update_tokens_M", "update tokens (M)", "{:.2f}"),
 )
-PAIRED = ("accuracy", "wall_clock_s", "modeled_s", "tta_wall_s", "tta_modeled_s")
+# (key, format) of the paired table, in order; the times (keys ending in _s) also get the ratio
+# of the means.
+# (key, title, format) of the calibration table of prompt-aware (hybrid) controllers.
+CALIBRATION = (
+    ("predicted_s_t", "mean predicted straggler rate", "{:.3f}"),
+    ("observed_s_t", "mean observed straggler rate", "{:.3f}"),
+    ("calibration_ece", "final ECE", "{:.3f}"),
+    ("calibration_brier", "final Brier", "{:.3f}"),
+)
+PAIRED = (
+    ("accuracy", "{:+.3f}"),
+    ("wall_clock_s", "{:+.0f}"),
+    ("modeled_s", "{:+.0f}"),
+    ("tta_wall_s", "{:+.0f}"),
+    ("tta_modeled_s", "{:+.0f}"),
+    ("straggler_rate", "{:+.3f}"),
+    ("mean_log2_G", "{:+.2f}"),
+)
 
 
 def t_quantile(df: int) -> float:
@@ -78,12 +98,18 @@ def paired_difference(a, b) -> tuple[float, float, int]:
     return mean_ci(a - b)
 
 
+def step_lengths(record: dict) -> np.ndarray:
+    """int64 [rows]: every completion length of a logged step (every sampling round), group after
+    group; the groups may differ in size."""
+    return np.concatenate([np.asarray(g, np.int64) for g in record["lengths"]])
+
+
 def modeled_step_seconds(steps: list[dict], sim: SimConfig) -> np.ndarray:
     """float [steps]: each logged step's rollout + update seconds under the step-time model,
-    from its lengths [P, G] (every sampling round) and mean prompt tokens per rollout."""
+    from its lengths (every sampling round) and mean prompt tokens per rollout."""
     out = np.empty(len(steps))
     for i, r in enumerate(steps):
-        rollout, update = step_seconds(np.asarray(r["lengths"]), int(r["prompt_tokens"]), sim)
+        rollout, update = step_seconds(step_lengths(r), int(r["prompt_tokens"]), sim)
         out[i] = rollout + update
     return out
 
@@ -108,11 +134,12 @@ def run_measures(steps: list[dict], evals: list[dict], sim: SimConfig, target: f
     """The measures of one run (see the module docstring); ``target`` for time-to-accuracy."""
     wall = np.array([r["time/step_s"] for r in steps], float)
     modeled = modeled_step_seconds(steps, sim)
-    slots = sum(np.asarray(r["lengths"]).size * int(r["decode_steps"]) for r in steps)
+    lengths = [step_lengths(r) for r in steps]
+    slots = sum(x.size * int(r["decode_steps"]) for x, r in zip(lengths, steps, strict=True))
     tokens = sum(
-        int(np.asarray(r["lengths"]).sum()) + np.asarray(r["lengths"]).size * r["prompt_tokens"]
-        for r in steps
+        int(x.sum()) + x.size * r["prompt_tokens"] for x, r in zip(lengths, steps, strict=True)
     )
+    log2_sizes = [np.mean([math.log2(len(g)) for g in r["lengths"]]) for r in steps]
     return {
         "accuracy": float(evals[-1]["eval/accuracy"]) if evals else math.nan,
         "wall_clock_s": float(wall.sum()),
@@ -121,10 +148,34 @@ def run_measures(steps: list[dict], evals: list[dict], sim: SimConfig, target: f
         "tta_modeled_s": time_to_accuracy(steps, evals, modeled, target),
         "straggler_rate": float(np.mean([r["controller/s_t"] for r in steps])),
         "mean_G": float(np.mean([r["group_size"] for r in steps])),
+        "mean_log2_G": float(np.mean(log2_sizes)),
         "final_length": float(np.mean([r["length/mean"] for r in steps[-LAST_STEPS:]])),
         "decode_slots_M": slots / 1e6,
         "update_tokens_M": tokens / 1e6,
     }
+
+
+def calibration_measures(steps: list[dict]) -> dict | None:
+    """A prompt-aware run's straggle prediction against what happened: the mean over steps of the
+    step's predicted and observed straggler rate (the share of its groups predicted, made before
+    sampling, and seen to straggle), and the final running ECE and Brier score of every group
+    (``HybridController.calibration``); None for a run without predictions."""
+    if not steps or "controller/calibration_ece" not in steps[-1]:
+        return None
+    predicted = _floats(r.get("controller/predicted_s_t") for r in steps)
+    observed = np.array([r["controller/s_t"] for r in steps], float)
+    both = np.isfinite(predicted)
+    return {
+        "predicted_s_t": float(predicted[both].mean()) if both.any() else math.nan,
+        "observed_s_t": float(observed[both].mean()) if both.any() else math.nan,
+        "calibration_ece": _floats([steps[-1]["controller/calibration_ece"]])[0],
+        "calibration_brier": _floats([steps[-1].get("controller/calibration_brier")])[0],
+    }
+
+
+def _floats(values) -> np.ndarray:
+    """float array of logged values; None (a non-finite number in the JSONL) becomes nan."""
+    return np.array([math.nan if v is None else v for v in values], float)
 
 
 def accuracy_target(per_run: dict, controllers: list[str], seeds: int) -> float:
@@ -151,39 +202,52 @@ def study(per_run: dict, controllers: list[str], seeds: int, sim: SimConfig) -> 
         key: run_measures(*per_run[key], sim, target)
         for key in ((c, s) for c in controllers for s in range(seeds))
     }
-    rows = []
-    for c in controllers:
-        row = {"controller": c, "seeds": seeds}
-        for key, _, _ in MEASURES:
-            mean, half, n = mean_ci([measures[(c, s)][key] for s in range(seeds)])
-            row.update({key: mean, f"{key}_ci": half, f"{key}_n": n})
-        rows.append(row)
+    calibration = {
+        c: [calibration_measures(per_run[(c, s)][0]) for s in range(seeds)] for c in controllers
+    }
     return {
         "target": target,
         "runs": measures,
-        "rows": rows,
+        "rows": [
+            _summary_row(c, [measures[(c, s)] for s in range(seeds)], MEASURES) for c in controllers
+        ],
         "paired": paired_rows(measures, controllers, seeds),
+        "calibration": [
+            _summary_row(c, runs, CALIBRATION)
+            for c, runs in calibration.items()
+            if all(m is not None for m in runs)
+        ],
     }
 
 
-def paired_rows(
-    measures: dict, controllers: list[str], seeds: int, subject: str = "sagc"
-) -> list[dict]:
-    """``subject`` minus each other controller on the same seeds, per ``PAIRED`` measure (and the
-    ratio of the means for the times); empty when ``subject`` did not run."""
-    if subject not in controllers:
-        return []
+def _summary_row(controller: str, runs: list[dict], measures) -> dict:
+    """Mean, 95% CI half-width and count over the runs (seeds) of each of ``measures``."""
+    row = {"controller": controller, "seeds": len(runs)}
+    for key, _, _ in measures:
+        mean, half, n = mean_ci([m[key] for m in runs])
+        row.update({key: mean, f"{key}_ci": half, f"{key}_n": n})
+    return row
+
+
+def paired_rows(measures: dict, controllers: list[str], seeds: int) -> list[dict]:
+    """Every adaptive (not ``fixed``) controller minus each controller listed before it, on the
+    same seeds, per ``PAIRED`` measure (and the ratio of the means for the times); empty when no
+    adaptive controller follows another."""
+    pairs = [
+        (subject, other)
+        for i, subject in enumerate(controllers)
+        if not subject.startswith("fixed")
+        for other in controllers[:i]
+    ]
     rows = []
-    for other in controllers:
-        if other == subject:
-            continue
+    for subject, other in pairs:
         row = {"subject": subject, "against": other}
-        for key in PAIRED:
+        for key, _ in PAIRED:
             a = [measures[(subject, s)][key] for s in range(seeds)]
             b = [measures[(other, s)][key] for s in range(seeds)]
             diff, half, n = paired_difference(a, b)
             row.update({key: diff, f"{key}_ci": half, f"{key}_n": n})
-            if key != "accuracy":
+            if key.endswith("_s"):
                 num, den = mean_ci(a)[0], mean_ci(b)[0]
                 row[f"{key}_ratio"] = num / den if den > 0 else math.nan
         rows.append(row)
@@ -203,14 +267,15 @@ def _cell(row: dict, key: str, fmt: str) -> str:
     return cell
 
 
-def format_rows(rows: list[dict]) -> str:
-    """Markdown: per controller, the mean over seeds ± the 95% CI half-width."""
+def format_rows(rows: list[dict], measures=MEASURES) -> str:
+    """Markdown: per controller, the mean over seeds ± the 95% CI half-width of each of
+    ``measures`` (the study's, or ``CALIBRATION``)."""
     lines = [
-        "| controller | " + " | ".join(title for _, title, _ in MEASURES) + " |",
-        "|" + " --- |" * (len(MEASURES) + 1),
+        "| controller | " + " | ".join(title for _, title, _ in measures) + " |",
+        "|" + " --- |" * (len(measures) + 1),
     ]
     for row in rows:
-        cells = [_cell(row, key, fmt) for key, _, fmt in MEASURES]
+        cells = [_cell(row, key, fmt) for key, _, fmt in measures]
         lines.append(f"| {row['controller']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -220,14 +285,14 @@ def format_paired(rows: list[dict]) -> str:
     times the ratio of the means."""
     titles = {key: title for key, title, _ in MEASURES}
     lines = [
-        "| paired | " + " | ".join(f"Δ {titles[key]}" for key in PAIRED) + " |",
+        "| paired | " + " | ".join(f"Δ {titles[key]}" for key, _ in PAIRED) + " |",
         "|" + " --- |" * (len(PAIRED) + 1),
     ]
     for row in rows:
         cells = []
-        for key in PAIRED:
-            cell = _cell(row, key, "{:+.3f}" if key == "accuracy" else "{:+.0f}")
-            if key != "accuracy" and math.isfinite(row[f"{key}_ratio"]):
+        for key, fmt in PAIRED:
+            cell = _cell(row, key, fmt)
+            if key.endswith("_s") and math.isfinite(row[f"{key}_ratio"]):
                 cell += f" (x{row[f'{key}_ratio']:.2f})"
             cells.append(cell)
         lines.append(f"| {row['subject']} - {row['against']} | " + " | ".join(cells) + " |")
@@ -247,7 +312,8 @@ def _band(ax, x, runs_y, label):
 def plot_study(per_run: dict, controllers: list[str], seeds: int, sim: SimConfig, out_dir):
     """PNGs of the study (mean line and 95% CI band over seeds): held-out accuracy against
     wall-clock and against modeled time, G and lambda over steps, the posterior mean per
-    candidate, and the straggler rate and mean group max/median ratio over steps."""
+    candidate, the straggler rate and mean group max/median ratio over steps, and for prompt-aware
+    controllers their predicted against observed straggler rate per step."""
     plt, save, paths = figure_writer(out_dir)
 
     def common_steps(c):  # steps every seed logged (a run in progress may be shorter)
@@ -317,4 +383,22 @@ def plot_study(per_run: dict, controllers: list[str], seeds: int, sim: SimConfig
     ax2.set(xlabel="step", ylabel="max / median", title="Mean group max/median length ratio")
     ax1.legend(fontsize=8)
     save(fig, "straggler_ratio.png")
+
+    aware = [c for c in controllers if "controller/predicted_s_t" in per_run[(c, 0)][0][0]]
+    if aware:
+        fig, axes = plt.subplots(1, len(aware), figsize=(5.5 * len(aware), 3.8), squeeze=False)
+        for ax, c in zip(axes[0], aware, strict=True):
+            n = common_steps(c)
+            series = [per_run[(c, s)][0][:n] for s in range(seeds)]
+            x = np.arange(1, n + 1)
+            _band(
+                ax,
+                x,
+                [_floats(r["controller/predicted_s_t"] for r in st) for st in series],
+                "predicted (before sampling)",
+            )
+            _band(ax, x, [[r["controller/s_t"] for r in st] for st in series], "observed")
+            ax.set(xlabel="step", ylabel="share of groups", title=f"{c}: straggling groups")
+            ax.legend(fontsize=8)
+        save(fig, "calibration.png")
     return paths
