@@ -469,8 +469,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "compare",
         help="train under several controllers side by side and tabulate the results",
-        description="Runs the config once per controller and seed, one after the other, into "
-        "one directory; writes compare.md, compare.csv and PNG plots.",
+        description="Runs the config once per controller and seed, one after the other (seed "
+        "by seed, every controller in turn, so that a drift of the machine's speed falls on "
+        "all alike), into one directory; writes compare.md, compare.csv and PNG plots.",
     )
     _add_common(p, config_required=True)
     p.add_argument(

@@ -1,6 +1,7 @@
 """The trainer end to end on a tiny model: per-G compilation, exact resume, logs, commands."""
 
 import json
+import re
 
 import jax
 import numpy as np
@@ -287,6 +288,9 @@ def test_compare_and_report_commands(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| fixed:2 |" in printed and "| sagc |" in printed and "±" in printed
     assert "| sagc - fixed:2 |" in printed  # the paired table
+    # seed by seed, every controller in turn: a drift of the machine falls on both alike
+    started = re.findall(r"^compare: (\S+), seed (\d+):", printed, re.M)
+    assert started == [("fixed:2", "0"), ("sagc", "0"), ("fixed:2", "1"), ("sagc", "1")]
     for name in (
         "compare.md",
         "compare.csv",

@@ -41,7 +41,11 @@ def compare(
     log=print,
 ) -> dict:
     """Run every (controller, seed); return the study (``study.study``: per-run measures,
-    per-controller rows with 95% CIs, paired differences of sagc against the others).
+    per-controller rows with 95% CIs, paired differences of each adaptive controller against
+    the controllers before it).
+
+    Seed by seed, every controller in turn: a drift of the machine's speed over the study then
+    falls on every controller alike rather than on the ones that ran last.
 
     Runs already in ``out_dir`` resume (or, finished, are only read). A stop signal ends the
     comparison (``Interrupted``): the run in progress saves a checkpoint when it is in its step
@@ -49,8 +53,8 @@ def compare(
     """
     per_run = {}
     hint = resume_hint(cfg, out_dir)
-    for spec in controllers:
-        for seed in range(seeds):
+    for seed in range(seeds):
+        for spec in controllers:
             name = f"{spec.replace(':', '')}-seed{seed}"
             run_dir = out_dir / name
             what = f"the {spec} run (seed {seed})"
