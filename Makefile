@@ -31,7 +31,8 @@ simulate: $(STAMP)
 # The controller study (README: "Does SAGC save time in training?"): one warm start, then
 # fixed:4, fixed:8, fixed:16 and sagc on the same seeds: GRPO (5 seeds), DAPO (3) and GRPO with
 # a fixed rollout budget per step (3); then the prompt-aware hybrid (README: "A prompt-aware
-# hybrid controller") beside them on a pool of 128 problems revisited every epoch (5 seeds).
+# hybrid controller") beside them on a pool of 128 problems revisited every epoch (5 seeds),
+# and its per_prompt mode at a fixed 128 rows per step against fixed:8's same 128 rows (5 seeds).
 # Rerunning resumes; finished runs are only read.
 EXPERIMENT := configs/experiments/straggler.yaml
 EXPERIMENT_DIR ?= runs/experiment
@@ -44,6 +45,8 @@ experiment: $(STAMP)
 	$(STUDY) --seeds 3 --set train.batch_mode=budget --set logging.run_dir=$(EXPERIMENT_DIR)/budget
 	$(STUDY) --seeds 5 --set data.prompt_pool=128 --set logging.run_dir=$(EXPERIMENT_DIR)/pool \
 		--controllers fixed:4,fixed:8,fixed:16,sagc,hybrid:step,hybrid:per_prompt
+	$(STUDY) --seeds 5 --set data.prompt_pool=128 --set controller.hybrid.rollout_budget=128 \
+		--set logging.run_dir=$(EXPERIMENT_DIR)/pool-budget --controllers fixed:8,hybrid:per_prompt
 
 test: $(STAMP)
 	$(PY) -m pytest
