@@ -50,8 +50,6 @@ MEASURES = (
     ("decode_slots_M", "decode slots (M)", "{:.2f}"),
     ("update_tokens_M", "update tokens (M)", "{:.2f}"),
 )
-# (key, format) of the paired table, in order; the times (keys ending in _s) also get the ratio
-# of the means.
 # (key, title, format) of the calibration table of prompt-aware (hybrid) controllers.
 CALIBRATION = (
     ("predicted_s_t", "mean predicted straggler rate", "{:.3f}"),
@@ -59,6 +57,8 @@ CALIBRATION = (
     ("calibration_ece", "final ECE", "{:.3f}"),
     ("calibration_brier", "final Brier", "{:.3f}"),
 )
+# (key, format) of the paired table, in order; the times (keys ending in _s) also get the ratio
+# of the means.
 PAIRED = (
     ("accuracy", "{:+.3f}"),
     ("wall_clock_s", "{:+.0f}"),
