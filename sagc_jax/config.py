@@ -292,13 +292,46 @@ class HybridConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class SAGCPlusConfig(_Section):
+    """Knobs of SAGC+, the improved SAGC (``controller.kind: sagc_plus``; README "SAGC+").
+
+    It shares the straggler definition and the budget with the paper's SAGC (``controller.sagc``:
+    candidates, tau, scope, delta, g_init) and replaces how the budget is kept; see
+    ``sagc_jax/controller/sagc_plus.py``.
+    """
+
+    _prefix = "controller.sagc_plus."
+    memory: float = option(
+        256.0,
+        ge=1.0,
+        help="trials (groups) a rung's estimate remembers at most; older ones are scaled away",
+    )
+    gamma: float = option(
+        0.9, gt=0.0, le=1.0, help="per-step forgetting of every rung's trial counts"
+    )
+    prior_strength: float = option(
+        8.0,
+        gt=0.0,
+        help="pseudo-trials of the one-parameter tail model in each rung's estimate",
+    )
+    hysteresis: float = option(
+        0.25,
+        gt=0.0,
+        help="budget slack (in steps of s_t) that must build up or run out before G changes "
+        "between the two rungs of the mixture; also the clip of the slack (no wind-up)",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class ControllerConfig(_Section):
-    """Which group-size controller runs: SAGC, the prompt-aware hybrid or a fixed G baseline."""
+    """Which group-size controller runs: the paper's SAGC, SAGC+ (the improved SAGC), the
+    prompt-aware hybrid or a fixed G baseline."""
 
     _prefix = "controller."
-    kind: str = option("sagc", choices=("sagc", "hybrid", "fixed"))
+    kind: str = option("sagc", choices=("sagc", "sagc_plus", "hybrid", "fixed"))
     group_size: int = option(8, ge=1, help="G of the fixed baseline (kind: fixed)")
     sagc: SAGCConfig = dataclasses.field(default_factory=SAGCConfig)
+    sagc_plus: SAGCPlusConfig = dataclasses.field(default_factory=SAGCPlusConfig)
     hybrid: HybridConfig = dataclasses.field(default_factory=HybridConfig)
 
 
@@ -592,13 +625,13 @@ HYBRID_MODES = ("step", "per_prompt")
 def parse_controller_spec(spec: str) -> tuple[str, int | str | None]:
     """A controller spec string as ``(kind, argument)``; anything else is a ConfigError.
 
-    ``'sagc'`` -> ("sagc", None); ``'fixed:8'`` -> ("fixed", 8); ``'hybrid'`` -> ("hybrid", None)
+    ``'sagc'`` -> ("sagc", None); ``'sagc_plus'`` -> ("sagc_plus", None); ``'fixed:8'`` -> ("fixed", 8); ``'hybrid'`` -> ("hybrid", None)
     (the mode of ``controller.hybrid.mode``); ``'hybrid:step'`` -> ("hybrid", "step");
     ``'hybrid:per_prompt'`` -> ("hybrid", "per_prompt").
     """
     kind, sep, arg = spec.partition(":")
-    if kind == "sagc" and not sep:
-        return "sagc", None
+    if kind in ("sagc", "sagc_plus") and not sep:
+        return kind, None
     if kind == "fixed" and arg.isdigit() and int(arg) >= 1:
         return "fixed", int(arg)
     if kind == "hybrid" and not sep:
@@ -606,7 +639,8 @@ def parse_controller_spec(spec: str) -> tuple[str, int | str | None]:
     if kind == "hybrid" and arg in HYBRID_MODES:
         return "hybrid", arg
     raise ConfigError(
-        f"controller spec {spec!r} is not allowed; use 'sagc', 'fixed:<G>' with G >= 1, "
+        f"controller spec {spec!r} is not allowed; use 'sagc', 'sagc_plus', 'fixed:<G>' with "
+        f"G >= 1, "
         f"'hybrid', 'hybrid:step' or 'hybrid:per_prompt'"
     )
 

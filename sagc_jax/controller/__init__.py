@@ -1,6 +1,6 @@
 """Host-side group-size controllers (numpy only; never imports jax)."""
 
-from sagc_jax.config import HybridConfig, SAGCConfig
+from sagc_jax.config import HybridConfig, SAGCConfig, SAGCPlusConfig
 from sagc_jax.controller.allocation import allocate
 from sagc_jax.controller.base import GroupController
 from sagc_jax.controller.factory import make_controller
@@ -16,6 +16,7 @@ from sagc_jax.controller.observation import (
 from sagc_jax.controller.predictor import StragglePredictor
 from sagc_jax.controller.prompt_stats import PromptStats
 from sagc_jax.controller.sagc import SAGCController
+from sagc_jax.controller.sagc_plus import SAGCPlusController
 
 __all__ = [
     "FixedGroupController",
@@ -25,6 +26,8 @@ __all__ = [
     "PromptStats",
     "SAGCConfig",
     "SAGCController",
+    "SAGCPlusConfig",
+    "SAGCPlusController",
     "StragglePredictor",
     "allocate",
     "check_ragged_lengths",

@@ -48,8 +48,9 @@ class GroupController(abc.ABC):
         """The G of the next step (called once per step)."""
 
     @abc.abstractmethod
-    def _learn(self, group_size: int, s_t: float) -> dict[str, Any]:
-        """Update internal state after a step at ``group_size``; return extra metrics."""
+    def _learn(self, group_size: int, s_t: float, lengths_pg: np.ndarray) -> dict[str, Any]:
+        """Update internal state after a step at ``group_size`` (its lengths ``[P, G]``, its
+        observation ``s_t``); return extra metrics."""
 
     def propose(self) -> int:
         """The G for the next step; repeated calls before :meth:`observe` return the same G."""
@@ -69,7 +70,7 @@ class GroupController(abc.ABC):
         g = self._pending
         ratios_p = group_ratios(arr)
         s_t = observation_from_ratios(arr, ratios_p, self.tau, self.scope)
-        extra = self._learn(g, s_t)
+        extra = self._learn(g, s_t, arr)
         return self._finish(g, s_t, arr.ravel(), ratios_p, extra)
 
     def _finish(

@@ -1,5 +1,5 @@
-"""Build a controller from a spec string (``'sagc'``, ``'fixed:8'``, ``'hybrid:per_prompt'``) or
-the config section."""
+"""Build a controller from a spec string (``'sagc'``, ``'sagc_plus'``, ``'fixed:8'``,
+``'hybrid:per_prompt'``) or the config section."""
 
 from __future__ import annotations
 
@@ -10,14 +10,16 @@ from sagc_jax.controller.base import GroupController
 from sagc_jax.controller.fixed import FixedGroupController
 from sagc_jax.controller.hybrid import HybridController
 from sagc_jax.controller.sagc import SAGCController
+from sagc_jax.controller.sagc_plus import SAGCPlusController
 
 
 def make_controller(spec: str | ControllerConfig, config: ControllerConfig | None = None):
     """A fresh controller.
 
-    ``spec`` is a :class:`ControllerConfig` or a string ``'sagc'`` / ``'fixed:G'`` / ``'hybrid'``
-    / ``'hybrid:<mode>'``; with a string, the SAGC and hybrid knobs and the straggler definition
-    (tau, scope) come from ``config`` (defaults if None), the mode from the string if it has one.
+    ``spec`` is a :class:`ControllerConfig` or a string ``'sagc'`` / ``'sagc_plus'`` /
+    ``'fixed:G'`` / ``'hybrid'`` / ``'hybrid:<mode>'``; with a string, the SAGC, SAGC+ and hybrid
+    knobs and the straggler definition (tau, scope) come from ``config`` (defaults if None), the
+    mode from the string if it has one.
     """
     if isinstance(spec, ControllerConfig):
         config = spec
@@ -26,6 +28,8 @@ def make_controller(spec: str | ControllerConfig, config: ControllerConfig | Non
     kind, arg = parse_controller_spec(spec)
     if kind == "sagc":
         return SAGCController(config.sagc)
+    if kind == "sagc_plus":
+        return SAGCPlusController(config.sagc, config.sagc_plus)
     if kind == "hybrid":
         hybrid = config.hybrid if arg is None else dataclasses.replace(config.hybrid, mode=arg)
         return HybridController(config.sagc, hybrid)

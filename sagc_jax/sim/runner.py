@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 
 from sagc_jax.config import Config
-from sagc_jax.controller import GroupController, SAGCController, make_controller
+from sagc_jax.controller import GroupController, make_controller
 from sagc_jax.sim.steptime import step_seconds
 
 
@@ -105,7 +105,7 @@ def run_controller(name: str, controller: GroupController, workload, cfg: Config
         hist["max_ratio"][t] = m["max_ratio"]
         hist["rollout"][t], hist["update"][t] = rollout, update
         hist["mean_len"][t] = m["mean_length"]
-        if isinstance(controller, SAGCController):
+        if m.get("posterior_mean") is not None:
             posterior[t] = m["posterior_mean"]
         ratios.append(m["group_ratios"])
     return SimRun(
