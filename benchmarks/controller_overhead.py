@@ -1,4 +1,4 @@
-"""Cost of one controller cycle (propose + observe) on the host, SAGC against fixed G.
+"""Cost of one controller cycle (propose + observe) on the host, SAGC and SAGC+ against fixed G.
 
 The fixed-G baseline does the same per-step bookkeeping (straggler observation, padding waste,
 counters) without any decision, so the ratio is the price of SAGC's decisions themselves.
@@ -25,6 +25,7 @@ from sagc_jax.controller import (
     HybridController,
     SAGCConfig,
     SAGCController,
+    SAGCPlusController,
 )
 from sagc_jax.sim import SyntheticWorkload
 
@@ -81,10 +82,12 @@ def main() -> None:
     workload = SyntheticWorkload(SimConfig(prompts_per_step=args.groups))
     lengths_by_g = {g: [workload.lengths(t, g) for t in range(50)] for g in (4, 8, 16)}
     sagc = time_cycles(lambda: SAGCController(SAGCConfig(seed=0)), lengths_by_g, args.cycles)
+    plus = time_cycles(lambda: SAGCPlusController(SAGCConfig()), lengths_by_g, args.cycles)
     fixed = time_cycles(lambda: FixedGroupController(16), lengths_by_g, args.cycles)
     print(
         f"controller cycle ({args.groups} groups, G in 4/8/16, {platform.processor() or 'cpu'}): "
-        f"sagc {sagc * 1e6:.1f} us, fixed {fixed * 1e6:.1f} us, ratio sagc/fixed {sagc / fixed:.2f}"
+        f"sagc {sagc * 1e6:.1f} us, sagc_plus {plus * 1e6:.1f} us, fixed {fixed * 1e6:.1f} us, "
+        f"ratio sagc/fixed {sagc / fixed:.2f}, sagc_plus/fixed {plus / fixed:.2f}"
     )
     pool = SyntheticWorkload(SimConfig(prompts_per_step=args.prompts, prompt_pool=8 * args.prompts))
     steps = [(*pool.prompts(t), pool.lengths(t, 16)) for t in range(8)]  # one epoch

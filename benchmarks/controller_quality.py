@@ -134,9 +134,7 @@ def main() -> None:
                         measures(*play(spec, ws[name], delta, seed), best, args.burn_in)
                         for seed, ws in enumerate(seeded)
                     ]
-                    cells = [
-                        cell([r[key] for r in rows], fmt) for key, _, fmt in COLUMNS
-                    ]
+                    cells = [cell([r[key] for r in rows], fmt) for key, _, fmt in COLUMNS]
                     oracle_log2 = best["log2_G"][args.burn_in :].mean()
                     print(f"| {name} | {oracle_log2:.2f} | {spec} | " + " | ".join(cells) + " |")
                     if spec == "sagc_plus" and horizon == 80:

@@ -625,9 +625,9 @@ HYBRID_MODES = ("step", "per_prompt")
 def parse_controller_spec(spec: str) -> tuple[str, int | str | None]:
     """A controller spec string as ``(kind, argument)``; anything else is a ConfigError.
 
-    ``'sagc'`` -> ("sagc", None); ``'sagc_plus'`` -> ("sagc_plus", None); ``'fixed:8'`` -> ("fixed", 8); ``'hybrid'`` -> ("hybrid", None)
-    (the mode of ``controller.hybrid.mode``); ``'hybrid:step'`` -> ("hybrid", "step");
-    ``'hybrid:per_prompt'`` -> ("hybrid", "per_prompt").
+    ``'sagc'`` -> ("sagc", None); ``'sagc_plus'`` -> ("sagc_plus", None); ``'fixed:8'`` ->
+    ("fixed", 8); ``'hybrid'`` -> ("hybrid", None) (the mode of ``controller.hybrid.mode``);
+    ``'hybrid:step'`` -> ("hybrid", "step"); ``'hybrid:per_prompt'`` -> ("hybrid", "per_prompt").
     """
     kind, sep, arg = spec.partition(":")
     if kind in ("sagc", "sagc_plus") and not sep:

@@ -1,11 +1,13 @@
 """Behaviour of the SAGC controller and the fixed-G baseline (numpy only)."""
 
+import dataclasses
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from sagc_jax.config import load_config
 from sagc_jax.controller import (
     FixedGroupController,
     SAGCConfig,
@@ -14,6 +16,7 @@ from sagc_jax.controller import (
     padding_waste,
     straggler_observation,
 )
+from sagc_jax.sim import SyntheticWorkload
 
 
 def bernoulli_lengths(rng, num_groups, group_size, p):
@@ -206,3 +209,26 @@ def test_controller_and_simulator_never_import_jax():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_paper_controller_decisions_are_unchanged():
+    """A recorded trajectory of the paper's SAGC on the calibrated workload (recorded before
+    SAGC+ was added beside it): its decisions, multiplier and posteriors must not move."""
+    sim = load_config("configs/sim/reasoning_drift.yaml").sim
+    workload = SyntheticWorkload(dataclasses.replace(sim, steps=60, prompts_per_step=16))
+    c = SAGCController(SAGCConfig(delta=0.2, eta=1.0, seed=3))
+    gs = []
+    for t in range(60):
+        gs.append(c.propose())
+        m = c.observe(workload.lengths(t, gs[-1]))
+    # fmt: off
+    assert gs == [
+        8, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16,
+        16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 8, 16, 8, 16, 8, 16, 16, 16, 16, 8,
+        16, 16, 8, 8, 4, 8, 16, 8, 8, 8, 4, 4, 8, 8, 4,
+    ]
+    # fmt: on
+    assert m["lambda"] == pytest.approx(12.575, abs=1e-9)
+    np.testing.assert_allclose(
+        m["posterior_mean"], [0.341849266341, 0.414610436278, 0.506396670902], atol=1e-11
+    )

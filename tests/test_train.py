@@ -25,7 +25,7 @@ class CyclingController(GroupController):
     def _decide(self):
         return self.order[self.step % len(self.order)]
 
-    def _learn(self, group_size, s_t):
+    def _learn(self, group_size, s_t, lengths_pg):
         return {}
 
 
@@ -66,8 +66,15 @@ def params_of(trainer):
     return [np.asarray(x) for x in jax.tree.leaves(trainer.params)]
 
 
-def test_resume_continues_exactly(tmp_path):
-    overrides = [*TINY, "train.steps=4", "train.checkpoint_every=2", "logging.tensorboard=false"]
+@pytest.mark.parametrize("kind", ["sagc", "sagc_plus"])
+def test_resume_continues_exactly(tmp_path, kind):
+    overrides = [
+        *TINY,
+        f"controller.kind={kind}",
+        "train.steps=4",
+        "train.checkpoint_every=2",
+        "logging.tensorboard=false",
+    ]
     straight = Trainer(load_config(None, overrides), tmp_path / "straight")
     straight.run(progress=False)
     straight.close()

@@ -37,6 +37,7 @@ Deterministic: same observations, same decisions; no random generator.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -96,50 +97,67 @@ class SAGCPlusController(GroupController):
         self.slack = 0.0  # B = sum(delta - s_t), clipped to [-hysteresis, hysteresis]
         g_init = config.g_init if config.g_init is not None else self.candidates[k // 2]
         self.rung = self.candidates.index(g_init)
+        self._cached_plan = None  # derived from the counts: not part of the state
 
     # ------------------------------------------------------------------ estimate
 
     def estimate(self) -> np.ndarray:
         """Straggle probability per rung: tail-model prior + the rung's counts, made
-        non-decreasing in G; float64 ``[K]`` (delta everywhere before any observation)."""
-        n_k, x_k = self.trials, self.straggled
-        if not np.any(n_k > 0):
-            return np.full(self.sizes_k.size, self.config.delta)
-        p_emp = (x_k + 0.5) / (n_k + 1.0)  # kept inside (0, 1) for the log
-        theta_k = -np.log1p(-p_emp) / self.sizes_k  # per-rollout hazard seen at each rung
-        weight_k = n_k * self.sizes_k  # a group of G carries G rollouts
-        theta = float(weight_k @ theta_k) / float(weight_k.sum())
-        model_k = -np.expm1(-theta * self.sizes_k)
-        m0 = self.plus.prior_strength
-        return isotonic_increasing((m0 * model_k + x_k) / (m0 + n_k), m0 + n_k)
+        non-decreasing in G; float64 ``[K]`` (delta everywhere before any observation).
 
-    def trials_by_rung(self, lengths_pg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(straggled_k, trials_k)`` of one step: every rung up to the played G gets one trial
-        per group (scope ``group``; the share of the group's consecutive chunks of ``G_k``
-        rollouts that straggle) or one per step (scope ``batch``); larger rungs get none."""
+        Python floats, not numpy: the ladder has a handful of rungs, and numpy's per-call cost
+        would dominate the controller's cycle."""
+        n_k, x_k, g_k = self.trials.tolist(), self.straggled.tolist(), self.candidates
+        total = sum(n * g for n, g in zip(n_k, g_k, strict=True))  # a group of G: G rollouts
+        if total <= 0.0:
+            return np.full(len(g_k), self.config.delta)
+        # per-rollout hazard seen at each rung, the empirical rate kept inside (0, 1)
+        theta = sum(n * -math.log1p(-(x + 0.5) / (n + 1.0)) for n, x in zip(n_k, x_k, strict=True))
+        theta /= total
+        m0 = self.plus.prior_strength
+        mean_k = [
+            (m0 * -math.expm1(-theta * g) + x) / (m0 + n)
+            for g, n, x in zip(g_k, n_k, x_k, strict=True)
+        ]
+        return isotonic_increasing(np.array(mean_k), self.trials + m0)
+
+    def trials_by_rung(self, lengths_pg: np.ndarray, s_t: float) -> tuple[np.ndarray, np.ndarray]:
+        """``(straggled_k, trials_k)`` of one step (lengths ``[P, G]``, observation ``s_t``):
+        every rung up to the played G gets one trial per group (scope ``group``; the share of
+        the group's consecutive chunks of ``G_k`` rollouts that straggle) or one per step (scope
+        ``batch``); larger rungs get none. The played rung's share is ``s_t`` itself."""
         num_groups, g = lengths_pg.shape
+        per_step = num_groups if self.scope == "group" else 1
         straggled, trials = np.zeros(self.sizes_k.size), np.zeros(self.sizes_k.size)
         for k, g_k in enumerate(self.candidates):
             if g_k > g:
                 break
+            trials[k] = per_step
             chunks = g // g_k
-            if self.scope == "group":
+            if g_k == g:
+                straggled[k] = s_t * per_step
+            elif self.scope == "group":
                 sub = lengths_pg[:, : chunks * g_k].reshape(num_groups * chunks, g_k)
                 straggled[k] = np.count_nonzero(group_ratios(sub) > self.tau) / chunks
-                trials[k] = num_groups
             else:  # batch: chunk c of every group together is one step of G_k
                 sub = lengths_pg[:, : chunks * g_k].reshape(num_groups, chunks, g_k)
                 flat = sub.transpose(1, 0, 2).reshape(chunks, num_groups * g_k)
                 straggled[k] = np.count_nonzero(group_ratios(flat) > self.tau) / chunks
-                trials[k] = 1.0
         return straggled, trials
+
+    def _plan(self) -> tuple[np.ndarray, int, int, float]:
+        """``(estimate, lo, hi, share_hi)`` of the current counts (kept until they change)."""
+        if self._cached_plan is None:
+            p_k = self.estimate()
+            self._cached_plan = (p_k, *best_mixture(p_k, self.utility, self.config.delta))
+        return self._cached_plan
 
     # ------------------------------------------------------------------ decisions
 
     def _decide(self) -> int:
         if self.step == 0:
             return self.candidates[self.rung]
-        lo, hi, _ = best_mixture(self.estimate(), self.utility, self.config.delta)
+        _, lo, hi, _ = self._plan()
         r, b, h = self.rung, self.slack, self.plus.hysteresis
         if r == hi and hi != lo:
             if b <= -h:  # the budget is spent: back to the rung within it
@@ -158,7 +176,7 @@ class SAGCPlusController(GroupController):
 
     def _learn(self, group_size: int, s_t: float, lengths_pg: np.ndarray) -> dict[str, Any]:
         plus = self.plus
-        straggled, trials = self.trials_by_rung(lengths_pg)
+        straggled, trials = self.trials_by_rung(lengths_pg, s_t)
         self.straggled = plus.gamma * self.straggled + straggled
         self.trials = plus.gamma * self.trials + trials
         scale = np.minimum(1.0, plus.memory / np.maximum(self.trials, 1e-12))
@@ -167,8 +185,8 @@ class SAGCPlusController(GroupController):
         h = plus.hysteresis
         self.slack = min(max(self.slack + self.config.delta - s_t, -h), h)
         self.rung = self.candidates.index(group_size)
-        p_k = self.estimate()
-        lo, hi, share = best_mixture(p_k, self.utility, self.config.delta)
+        self._cached_plan = None
+        p_k, lo, hi, share = self._plan()
         price = 0.0 if lo == hi else (self.utility[hi] - self.utility[lo]) / (p_k[hi] - p_k[lo])
         return {
             "lambda": float(price),
@@ -194,3 +212,4 @@ class SAGCPlusController(GroupController):
         self.trials = np.array(state["trials"], dtype=np.float64)
         self.slack = float(state["slack"])
         self.rung = int(state["rung"])
+        self._cached_plan = None
