@@ -29,20 +29,30 @@ simulate: $(STAMP)
 	$(VENV)/bin/sagc-jax simulate --config configs/sim/reasoning_drift.yaml
 
 # The controller study (README: "Does SAGC save time in training?"): one warm start, then
-# fixed:4, fixed:8, fixed:16 and sagc on the same seeds: GRPO (5 seeds), DAPO (3) and GRPO with
-# a fixed rollout budget per step (3); then the prompt-aware hybrid (README: "A prompt-aware
-# hybrid controller") beside them on a pool of 128 problems revisited every epoch (5 seeds),
-# and its per_prompt mode at a fixed 128 rows per step against fixed:8's same 128 rows (5 seeds).
+# fixed:4, fixed:8, fixed:16, the paper's sagc and sagc_plus (README: "SAGC+") on the same seeds:
+# GRPO (5 seeds), DAPO (3) and GRPO with a fixed rollout budget per step (3); the second
+# workload, where small groups lose accuracy and G = 16 breaks the budget (its own warm start,
+# 3 seeds); then the prompt-aware hybrid (README: "A prompt-aware hybrid controller") beside
+# fixed G and sagc on a pool of 128 problems revisited every epoch (5 seeds), and its per_prompt
+# mode at a fixed 128 rows per step against fixed:8's same 128 rows (5 seeds).
 # Rerunning resumes; finished runs are only read.
 EXPERIMENT := configs/experiments/straggler.yaml
+SPARSE := configs/experiments/sparse_reward.yaml
 EXPERIMENT_DIR ?= runs/experiment
 CLI := $(VENV)/bin/sagc-jax
+CONTROLLERS := fixed:4,fixed:8,fixed:16,sagc,sagc_plus
 STUDY = $(CLI) compare --config $(EXPERIMENT) --set train.init_checkpoint=$(EXPERIMENT_DIR)/sft
+SPARSE_STUDY = $(CLI) compare --config $(SPARSE) \
+	--set train.init_checkpoint=$(EXPERIMENT_DIR)/sparse/sft --controllers $(CONTROLLERS)
 experiment: $(STAMP)
 	$(CLI) sft --config $(EXPERIMENT) --set logging.run_dir=$(EXPERIMENT_DIR)/sft
-	$(STUDY) --seeds 5 --set logging.run_dir=$(EXPERIMENT_DIR)/grpo
-	$(STUDY) --seeds 3 --set loss.algorithm=dapo --set logging.run_dir=$(EXPERIMENT_DIR)/dapo
-	$(STUDY) --seeds 3 --set train.batch_mode=budget --set logging.run_dir=$(EXPERIMENT_DIR)/budget
+	$(STUDY) --seeds 5 --controllers $(CONTROLLERS) --set logging.run_dir=$(EXPERIMENT_DIR)/grpo
+	$(STUDY) --seeds 3 --controllers $(CONTROLLERS) --set loss.algorithm=dapo \
+		--set logging.run_dir=$(EXPERIMENT_DIR)/dapo
+	$(STUDY) --seeds 3 --controllers $(CONTROLLERS) --set train.batch_mode=budget \
+		--set logging.run_dir=$(EXPERIMENT_DIR)/budget
+	$(CLI) sft --config $(SPARSE) --set logging.run_dir=$(EXPERIMENT_DIR)/sparse/sft
+	$(SPARSE_STUDY) --seeds 3 --set logging.run_dir=$(EXPERIMENT_DIR)/sparse/grpo
 	$(STUDY) --seeds 5 --set data.prompt_pool=128 --set logging.run_dir=$(EXPERIMENT_DIR)/pool \
 		--controllers fixed:4,fixed:8,fixed:16,sagc,hybrid:step,hybrid:per_prompt
 	$(STUDY) --seeds 5 --set data.prompt_pool=128 --set controller.hybrid.rollout_budget=128 \

@@ -47,10 +47,14 @@ from sagc_jax.controller.base import GroupController
 from sagc_jax.controller.observation import group_ratios
 
 
-def isotonic_increasing(y_k: np.ndarray, w_k: np.ndarray) -> np.ndarray:
-    """The weighted least-squares non-decreasing fit of ``y_k`` (pool adjacent violators)."""
+def isotonic_increasing(y_k, w_k) -> np.ndarray:
+    """The weighted least-squares non-decreasing fit of ``y_k`` (pool adjacent violators);
+    ``y_k``, ``w_k``: sequences of floats of one length."""
+    y_k, w_k = list(y_k), list(w_k)
+    if all(a <= b for a, b in zip(y_k, y_k[1:])):
+        return np.array(y_k)
     blocks: list[list[float]] = []  # [value, weight, count]
-    for y, w in zip(y_k.tolist(), w_k.tolist(), strict=True):
+    for y, w in zip(y_k, w_k, strict=True):
         blocks.append([y, w, 1])
         while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
             v2, w2, c2 = blocks.pop()
@@ -119,7 +123,7 @@ class SAGCPlusController(GroupController):
             (m0 * -math.expm1(-theta * g) + x) / (m0 + n)
             for g, n, x in zip(g_k, n_k, x_k, strict=True)
         ]
-        return isotonic_increasing(np.array(mean_k), self.trials + m0)
+        return isotonic_increasing(mean_k, [n + m0 for n in n_k])
 
     def trials_by_rung(self, lengths_pg: np.ndarray, s_t: float) -> tuple[np.ndarray, np.ndarray]:
         """``(straggled_k, trials_k)`` of one step (lengths ``[P, G]``, observation ``s_t``):

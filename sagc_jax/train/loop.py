@@ -699,6 +699,8 @@ class Trainer:
             record["group_sizes"] = sizes_p
         if ctrl.get("posterior_mean") is not None:
             record["controller/posterior_mean"] = ctrl["posterior_mean"]
+        if "slack" in ctrl:  # SAGC+: the budget slack that moves G between its two rungs
+            record["controller/slack"] = ctrl["slack"]
         if self.controller.prompt_aware:
             # the step's mean predicted straggle (made before sampling) beside the observed
             # s_t, and the running calibration of every group so far
