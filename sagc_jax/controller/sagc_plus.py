@@ -51,7 +51,7 @@ def isotonic_increasing(y_k, w_k) -> np.ndarray:
     """The weighted least-squares non-decreasing fit of ``y_k`` (pool adjacent violators);
     ``y_k``, ``w_k``: sequences of floats of one length."""
     y_k, w_k = list(y_k), list(w_k)
-    if all(a <= b for a, b in zip(y_k, y_k[1:])):
+    if all(a <= b for a, b in zip(y_k, y_k[1:], strict=False)):
         return np.array(y_k)
     blocks: list[list[float]] = []  # [value, weight, count]
     for y, w in zip(y_k, w_k, strict=True):
