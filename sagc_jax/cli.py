@@ -476,7 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p, config_required=True)
     p.add_argument(
         "--controllers",
-        default="fixed:4,fixed:8,fixed:16,sagc",
+        default="fixed:4,fixed:8,fixed:16,sagc,sagc_plus",
         help="comma-separated controller specs (default: %(default)s)",
     )
     p.add_argument("--seeds", type=int, default=1, help="seeds per controller")

@@ -560,7 +560,7 @@ class SimConfig(_Section):
     steps: int = option(300, ge=1)
     prompts_per_step: int = option(64, ge=1)
     seed: int = option(0, ge=0)
-    controllers: tuple[str, ...] = option(("fixed:4", "fixed:8", "fixed:16", "sagc"))
+    controllers: tuple[str, ...] = option(("fixed:4", "fixed:8", "fixed:16", "sagc", "sagc_plus"))
     max_new_tokens: int = option(8192, ge=1)
     prompt_tokens: int = option(256, ge=0)
     median_start: float = option(350.0, gt=0.0)
