@@ -166,7 +166,7 @@ def write_plots(runs: list[SimRun], out_dir: Path, delta: float) -> list[Path]:
     fig, ax = plt.subplots(figsize=(8, 3.5))
     for run in adaptive:
         ax.plot(run.lam, label=run.name)
-    ax.set(xlabel="step", ylabel="lambda", title="Dual variable (straggler price)")
+    ax.set(xlabel="step", ylabel="lambda", title="Straggler price (sagc: multiplier; sagc_plus: LP)")
     save(fig, "lambda.png")
 
     fig, ax = plt.subplots(figsize=(8, 3.5))

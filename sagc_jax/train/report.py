@@ -93,7 +93,7 @@ def plot_runs(runs: dict[str, tuple[list[dict], list[dict]]], out_dir: Path) -> 
         ax1.step(x, [r["group_size"] for r in steps], where="post", label=name)
         ax2.plot(x, [r["controller/lambda"] for r in steps], label=name)
     ax1.set(xlabel="step", ylabel="G", title="Group size")
-    ax2.set(xlabel="step", ylabel="lambda", title="Dual variable")
+    ax2.set(xlabel="step", ylabel="lambda", title="Straggler price (sagc: multiplier; sagc_plus: LP)")
     ax1.legend(fontsize=8)
     save(fig, "group_size_lambda.png")
 

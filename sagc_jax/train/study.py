@@ -349,7 +349,7 @@ def plot_study(per_run: dict, controllers: list[str], seeds: int, sim: SimConfig
         _band(ax1, x, [[r["group_size"] for r in st] for st in series], c)
         _band(ax2, x, [[r["controller/lambda"] for r in st] for st in series], c)
     ax1.set(xlabel="step", ylabel="G", title="Group size")
-    ax2.set(xlabel="step", ylabel="lambda", title="Dual variable")
+    ax2.set(xlabel="step", ylabel="lambda", title="Straggler price (sagc: multiplier; sagc_plus: LP)")
     ax1.legend(fontsize=8)
     save(fig, "group_size_lambda.png")
 
