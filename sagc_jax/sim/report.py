@@ -21,6 +21,9 @@ _COLUMNS = (
     ("padding_waste", "padding waste", "{:.3f}"),
 )
 
+# lambda of the plots: the paper's SAGC logs its multiplier, SAGC+ its linear program's price
+PRICE_TITLE = "Straggler price (sagc: multiplier; sagc_plus: LP)"
+
 
 def summary_rows(runs: list[SimRun], reference: str = "fixed:16") -> list[dict]:
     """Summaries with wall-clock relative to ``reference`` (nan when it was not run)."""
@@ -166,7 +169,7 @@ def write_plots(runs: list[SimRun], out_dir: Path, delta: float) -> list[Path]:
     fig, ax = plt.subplots(figsize=(8, 3.5))
     for run in adaptive:
         ax.plot(run.lam, label=run.name)
-    ax.set(xlabel="step", ylabel="lambda", title="Straggler price (sagc: multiplier; sagc_plus: LP)")
+    ax.set(xlabel="step", ylabel="lambda", title=PRICE_TITLE)
     save(fig, "lambda.png")
 
     fig, ax = plt.subplots(figsize=(8, 3.5))

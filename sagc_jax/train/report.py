@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from sagc_jax.sim.report import PRICE_TITLE
+
 
 def read_metrics(run_dir: str | Path) -> tuple[list[dict], list[dict]]:
     """(step records, evaluation records) of a run; a torn last line (crash) is ignored."""
@@ -93,7 +95,7 @@ def plot_runs(runs: dict[str, tuple[list[dict], list[dict]]], out_dir: Path) -> 
         ax1.step(x, [r["group_size"] for r in steps], where="post", label=name)
         ax2.plot(x, [r["controller/lambda"] for r in steps], label=name)
     ax1.set(xlabel="step", ylabel="G", title="Group size")
-    ax2.set(xlabel="step", ylabel="lambda", title="Straggler price (sagc: multiplier; sagc_plus: LP)")
+    ax2.set(xlabel="step", ylabel="lambda", title=PRICE_TITLE)
     ax1.legend(fontsize=8)
     save(fig, "group_size_lambda.png")
 

@@ -23,6 +23,7 @@ import math
 import numpy as np
 
 from sagc_jax.config import SimConfig
+from sagc_jax.sim.report import PRICE_TITLE
 from sagc_jax.sim.steptime import step_seconds
 from sagc_jax.train.report import figure_writer
 
@@ -349,7 +350,7 @@ def plot_study(per_run: dict, controllers: list[str], seeds: int, sim: SimConfig
         _band(ax1, x, [[r["group_size"] for r in st] for st in series], c)
         _band(ax2, x, [[r["controller/lambda"] for r in st] for st in series], c)
     ax1.set(xlabel="step", ylabel="G", title="Group size")
-    ax2.set(xlabel="step", ylabel="lambda", title="Straggler price (sagc: multiplier; sagc_plus: LP)")
+    ax2.set(xlabel="step", ylabel="lambda", title=PRICE_TITLE)
     ax1.legend(fontsize=8)
     save(fig, "group_size_lambda.png")
 
