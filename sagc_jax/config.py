@@ -328,7 +328,7 @@ class ControllerConfig(_Section):
     prompt-aware hybrid or a fixed G baseline."""
 
     _prefix = "controller."
-    kind: str = option("sagc", choices=("sagc", "sagc_plus", "hybrid", "fixed"))
+    kind: str = option("sagc_plus", choices=("sagc", "sagc_plus", "hybrid", "fixed"))
     group_size: int = option(8, ge=1, help="G of the fixed baseline (kind: fixed)")
     sagc: SAGCConfig = dataclasses.field(default_factory=SAGCConfig)
     sagc_plus: SAGCPlusConfig = dataclasses.field(default_factory=SAGCPlusConfig)
