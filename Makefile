@@ -22,7 +22,7 @@ SFT_FLAGS ?=
 train: $(STAMP)
 	$(VENV)/bin/sagc-jax sft --config $(DEMO) --set logging.run_dir=runs/demo/sft $(SFT_FLAGS)
 	$(VENV)/bin/sagc-jax train --config $(DEMO) --set train.init_checkpoint=runs/demo/sft \
-		--set logging.run_dir=runs/demo/grpo-sagc-$$(date +%Y%m%d-%H%M%S)
+		--set logging.run_dir=runs/demo/grpo-$$(date +%Y%m%d-%H%M%S)
 
 # The simulator study of the calibrated workload (no model, a few seconds).
 simulate: $(STAMP)
