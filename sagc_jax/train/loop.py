@@ -64,6 +64,7 @@ RESUMABLE_CHANGES = (
     "train.eval_every",
     "train.max_nonfinite_steps",
     "logging.",
+    "sim.",  # the offline simulator's section: training never reads it
     "mesh.",  # checkpoints are restored into the new mesh's shardings
     # how the same computation is laid out (results equal to float error)
     "train.packing",
