@@ -25,7 +25,7 @@ lengths only. Same straggler definition (``tau``, ``scope``) and knobs of the bu
   (over it). Instead of a dual variable that needs tens of steps to move, a budget slack
   ``B = sum(delta - s_t)``, clipped to ``[-h, h]`` (``h = hysteresis``), decides which of the two
   is played: the controller stays on ``lo`` until ``B >= h`` (budget saved up), then on ``hi``
-  until ``B <= -h``. The realised long-run rate therefore meets delta (``B`` is bounded), the
+  until ``B <= -h``. The realised rate therefore tracks delta (``B`` stays near the band), the
   time shares follow the true rates even where the estimate is off, G changes only when the
   slack crosses the band (a dwell of ``2h / |p - delta|`` steps), and the clip is the
   anti-wind-up: an infeasible stretch (even the smallest G over delta) leaves at most ``h`` of
