@@ -308,11 +308,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from sagc_jax.train.plan import format_plan, memory_plan
+    from sagc_jax.sim.roofline import HARDWARE
+    from sagc_jax.train.plan import format_plan, format_step, memory_plan, step_prediction
 
     cfg = load_config(args.config, args.overrides)
     if args.devices is not None and args.devices < 1:
         raise UserError(f"--devices {args.devices}: must be >= 1")
+    if args.hardware is not None and args.hardware not in HARDWARE:
+        raise UserError(
+            f"--hardware {args.hardware!r} is not known; choose one of {list(HARDWARE)}"
+        )
     if cfg.sampling.prompt_buckets == "auto":  # the longest bucket comes from the data
         from sagc_jax.train.data import make_source, with_resolved_buckets
         from sagc_jax.train.policy import build_tokenizer
@@ -326,7 +331,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if memory is None and args.devices is None:  # planning for this machine's devices
         stats = jax.devices()[0].memory_stats() or {}
         memory = stats.get("bytes_limit", 0) / 1024**3 or None
+    if args.hardware is not None and memory is None:
+        memory = HARDWARE[args.hardware].memory_gib
     print(format_plan(memory_plan(cfg, devices), memory))
+    if args.hardware is not None:
+        print()
+        print(format_step(step_prediction(cfg, args.hardware, devices, args.mean_new_tokens)))
     return 0
 
 
@@ -450,8 +460,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--device-memory",
         type=float,
         metavar="GIB",
-        help="memory of one device, to say whether the config fits (default: this machine's "
-        "accelerator, when --devices is not given and it reports one)",
+        help="memory of one device, to say whether the config fits (default: --hardware's, or "
+        "this machine's accelerator when --devices is not given and it reports one)",
+    )
+    p.add_argument(
+        "--hardware",
+        help="also predict one step's rollout and update seconds on this accelerator by the "
+        "roofline model: h100, h200, a100-80gb, tpu-v5e, tpu-v5p or tpu-v6e",
+    )
+    p.add_argument(
+        "--mean-new-tokens",
+        type=int,
+        metavar="N",
+        help="with --hardware: mean completion length of the predicted step (default: half of "
+        "sampling.max_new_tokens; one completion always reaches it)",
     )
     p.set_defaults(func=cmd_plan)
 

@@ -25,6 +25,7 @@ from sagc_jax.controller import make_controller
 from sagc_jax.models import Decoder, DecoderConfig
 from sagc_jax.models import axes as ax
 from sagc_jax.parallel import BATCH_AXES, MESH_AXES, RULES, mesh_shape
+from sagc_jax.sim.roofline import HARDWARE, model_costs, rollout_seconds, update_seconds
 from sagc_jax.tasks import CharTokenizer
 from sagc_jax.train.loop import make_trainer_optimizer, prompts_for, update_settings
 from sagc_jax.train.packing import resolve_pack_len
@@ -226,5 +227,75 @@ def format_plan(plan: MemoryPlan, device_memory: float | None = None) -> str:
     lines.append(
         "activations: residuals the backward pass keeps for one microbatch (tensor-parallel "
         "splits of them not counted: an upper bound when mesh.tensor > 1)"
+    )
+    return "\n".join(lines)
+
+
+def step_prediction(
+    cfg: Config, hardware: str, num_devices: int, mean_new_tokens: int | None = None
+) -> dict:
+    """Rollout and update seconds of one step at the ladder's largest G on ``num_devices``
+    chips of ``hardware`` (a key of ``sim.roofline.HARDWARE``), by the roofline model.
+
+    Lengths: prompts as long as the longest bucket; one completion reaches
+    ``max_new_tokens`` (the straggler every synchronous step waits for) and the others are
+    ``mean_new_tokens`` long (default: half of ``max_new_tokens``).
+    """
+    if hardware not in HARDWARE:
+        raise ConfigError(f"--hardware {hardware!r} is not known; choose one of {list(HARDWARE)}")
+    hw, arch = HARDWARE[hardware], architecture(cfg)[0]
+    costs = model_costs(arch)
+    g = max(make_controller(cfg.controller).candidates)
+    rows = prompts_for(cfg, g) * g
+    prompt, cap = max(cfg.sampling.prompt_buckets), cfg.sampling.max_new_tokens
+    mean = min(cap, mean_new_tokens if mean_new_tokens is not None else max(1, cap // 2))
+    lengths = np.full(rows, mean)
+    lengths[0] = cap
+    rollout = {
+        regime: rollout_seconds(costs, hw, lengths, prompt, num_devices, regime)
+        for regime in ("synchronous", "continuous")
+    }
+    # the update's tokens: packed rows hold the real tokens, padded rows prompt + cap each
+    width = prompt + (int(lengths.mean()) if cfg.train.packing else cap)
+    tokens, context = rows * width, rows * width * (width + 1) / 2
+    update = update_seconds(costs, hw, tokens, context, num_devices, cfg.train.epochs)
+    return {
+        "hardware": hw,
+        "devices": num_devices,
+        "costs": costs,
+        "group_size": g,
+        "rows": rows,
+        "prompt": prompt,
+        "cap": cap,
+        "mean": mean,
+        "generated": int(lengths.sum()),
+        "rollout": rollout,
+        "update_tokens": tokens,
+        "layout": "packed: real tokens" if cfg.train.packing else "padded: rows x width",
+        "update_seconds": update,
+    }
+
+
+def format_step(pred: dict) -> str:
+    """The prediction of :func:`step_prediction` as lines of text."""
+    hw, costs = pred["hardware"], pred["costs"]
+    lines = [
+        f"step on {pred['devices']} x {hw.name} (roofline model; peak {hw.peak_flops / 1e12:.0f} "
+        f"TFLOP/s, {hw.hbm_bandwidth / 1e12:.2f} TB/s per chip; {hw.source})",
+        f"  model: {costs.params / 1e9:.3f} B parameters, {costs.weight_bytes / GIB:.2f} GiB of "
+        f"weights read per decode step, {costs.kv_bytes_per_token / 1024:.0f} KiB of KV cache "
+        f"per token",
+        f"  at G = {pred['group_size']}: {pred['rows']} rollouts, prompts of {pred['prompt']} "
+        f"tokens, one completion of {pred['cap']} tokens and the others {pred['mean']} "
+        f"(--mean-new-tokens)",
+    ]
+    for regime, r in pred["rollout"].items():
+        lines.append(
+            f"  rollout, {regime}: {r['seconds']:.2f} s ({r['decode_steps']} decode steps, "
+            f"{r['limit']}-bound; {pred['generated'] / r['seconds']:,.0f} generated tokens/s)"
+        )
+    lines.append(
+        f"  update: {pred['update_seconds']:.2f} s ({pred['update_tokens']:,} tokens "
+        f"({pred['layout']}), forward + backward at the assumed MFU)"
     )
     return "\n".join(lines)

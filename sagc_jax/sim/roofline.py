@@ -1,0 +1,205 @@
+"""A roofline step-time model: seconds of a rollout and an update from the hardware and the model.
+
+Hardware: published per-chip peak dense bfloat16 FLOP/s, HBM bandwidth and memory (``HARDWARE``,
+each with its vendor page). Model: parameter count, weight bytes, KV-cache bytes per token and
+FLOPs per token from the decoder's shapes (``ModelCosts``; built from a ``DecoderConfig`` by
+``model_costs``). A mesh of ``devices`` chips splits the rows of a batch between them (data
+parallel) and each chip holds the weights it decodes with.
+
+- Decode step of ``B`` rows whose contexts sum to ``C`` tokens, per chip: the larger of the
+  memory time, ``(weight bytes + KV bytes of C tokens) / (bandwidth x bandwidth efficiency)``,
+  and the compute time, ``FLOPs of B tokens at their contexts / (peak x decode efficiency)``,
+  plus a fixed launch cost per step. The limit that binds is reported with it.
+- Prefill and the update: FLOPs of the tokens actually processed (packed rows: the real tokens;
+  padded rows: rows x width) over ``devices x peak x MFU``; the update costs forward + backward
+  (3x the forward's FLOPs) per epoch.
+- Two rollout regimes: ``synchronous`` (today's sampler: every row of the step stays in the
+  batch until the longest ends, so the step's time follows its longest completion) and
+  ``continuous`` batching with a fixed number of slots (vLLM-style: a finished row's slot takes
+  the next rollout, so time follows the total tokens, bounded below by the longest completion).
+
+The efficiency factors (``Efficiency``) are assumptions to override, not measurements: no
+device run of this project has measured them at real RL sizes yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """One accelerator chip: peak dense bfloat16 FLOP/s, HBM bytes/s and GiB, vendor page."""
+
+    name: str
+    peak_flops: float
+    hbm_bandwidth: float
+    memory_gib: float
+    source: str
+
+
+HARDWARE = {
+    # NVIDIA's product pages: dense (no sparsity) BF16 Tensor Core figures of the SXM parts.
+    "h100": Hardware(
+        "NVIDIA H100 SXM", 989e12, 3.35e12, 80, "https://www.nvidia.com/en-us/data-center/h100/"
+    ),
+    "h200": Hardware(
+        "NVIDIA H200 SXM", 989e12, 4.8e12, 141, "https://www.nvidia.com/en-us/data-center/h200/"
+    ),
+    "a100-80gb": Hardware(
+        "NVIDIA A100 80GB SXM",
+        312e12,
+        2.039e12,
+        80,
+        "https://www.nvidia.com/en-us/data-center/a100/",
+    ),
+    # Cloud TPU system architecture pages, per chip.
+    "tpu-v5e": Hardware("TPU v5e", 197e12, 819e9, 16, "https://cloud.google.com/tpu/docs/v5e"),
+    "tpu-v5p": Hardware("TPU v5p", 459e12, 2765e9, 95, "https://cloud.google.com/tpu/docs/v5p"),
+    "tpu-v6e": Hardware("TPU v6e", 918e12, 1638e9, 32, "https://cloud.google.com/tpu/docs/v6e"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Efficiency:
+    """Shares of the peaks a real program reaches (assumptions; override with measurements).
+
+    bandwidth: of HBM bandwidth in a decode step; decode_flops: of peak FLOP/s in a decode step;
+    mfu: of peak FLOP/s in prefill and the update; launch_seconds: fixed cost of one decode step
+    (program launch, sampling, host round trip).
+    """
+
+    bandwidth: float = 0.7
+    decode_flops: float = 0.5
+    mfu: float = 0.4
+    launch_seconds: float = 50e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCosts:
+    """What one token costs a decoder: ``params`` (every weight), ``matmul_params`` (the weights
+    a token multiplies: all but the embedding lookup, the LM head included), ``weight_bytes``
+    (read once per decode step), ``kv_bytes_per_token`` (all layers, K and V) and
+    ``attention_flops_per_context`` (forward FLOPs of one token per token of its context)."""
+
+    params: int
+    matmul_params: int
+    weight_bytes: int
+    kv_bytes_per_token: int
+    attention_flops_per_context: int
+
+    def forward_flops(self, tokens, context) -> float:
+        """Forward FLOPs of ``tokens`` tokens whose contexts sum to ``context`` tokens."""
+        return 2.0 * self.matmul_params * tokens + self.attention_flops_per_context * context
+
+
+def model_costs(arch) -> ModelCosts:
+    """``ModelCosts`` of a ``DecoderConfig`` (weights read in its compute dtype when decoding)."""
+    d, f, v, layers = arch.hidden_size, arch.intermediate_size, arch.vocab_size, arch.num_layers
+    q, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
+    per_layer = d * q + 2 * d * kv + q * d + 3 * d * f  # attention projections + SwiGLU MLP
+    biases = (q + 2 * kv) * layers if arch.qkv_bias else 0
+    norms = (2 * layers + 1) * d
+    head = 0 if arch.tie_embeddings else v * d
+    params = v * d + head + layers * per_layer + biases + norms
+    matmul = layers * per_layer + v * d  # the LM head multiplies whether tied or not
+    itemsize = _DTYPE_BYTES[arch.compute_dtype]
+    return ModelCosts(
+        params=params,
+        matmul_params=matmul,
+        weight_bytes=params * itemsize,
+        kv_bytes_per_token=2 * layers * kv * itemsize,
+        attention_flops_per_context=4 * layers * q,  # scores and values: 2 FLOPs each per dim
+    )
+
+
+def decode_step(
+    costs: ModelCosts, hw: Hardware, rows: int, context: float, devices: int = 1, eff=None
+) -> tuple[float, str]:
+    """``(seconds, binding limit)`` of one decode step of ``rows`` rows whose contexts sum to
+    ``context`` tokens, on ``devices`` chips splitting the rows; the limit is ``bandwidth``,
+    ``compute`` or ``launch`` (the largest of the three terms)."""
+    eff = eff or Efficiency()
+    per_chip_rows, per_chip_context = rows / devices, context / devices
+    memory = (costs.weight_bytes + costs.kv_bytes_per_token * per_chip_context) / (
+        hw.hbm_bandwidth * eff.bandwidth
+    )
+    compute = costs.forward_flops(per_chip_rows, per_chip_context) / (
+        hw.peak_flops * eff.decode_flops
+    )
+    terms = {"bandwidth": memory, "compute": compute, "launch": eff.launch_seconds}
+    return max(memory, compute) + eff.launch_seconds, max(terms, key=terms.get)
+
+
+def dense_seconds(flops: float, hw: Hardware, devices: int = 1, eff=None) -> float:
+    """Seconds of compute-bound work (prefill, update) of ``flops`` FLOPs on ``devices`` chips."""
+    eff = eff or Efficiency()
+    return flops / (devices * hw.peak_flops * eff.mfu)
+
+
+def rollout_seconds(
+    costs: ModelCosts,
+    hw: Hardware,
+    lengths,
+    prompt_tokens: int,
+    devices: int = 1,
+    regime: str = "synchronous",
+    slots: int | None = None,
+    eff=None,
+) -> dict:
+    """Seconds of one step's rollouts: ``lengths`` are the completions' lengths (``[B]`` or
+    ``[P, G]``), every prompt ``prompt_tokens`` long.
+
+    ``synchronous``: prefill, then ``max(lengths)`` decode steps of all ``B`` rows (finished
+    rows still occupy their slot). ``continuous``: ``slots`` rows (default ``B``) decode at a
+    time and a finished row's slot takes the next rollout, so the step takes ``max(sum / slots,
+    max)`` decode steps at the mean context. Returns seconds, decode steps and the limit that
+    binds most of them."""
+    lengths = np.asarray(lengths).ravel()
+    rows, longest = lengths.size, int(lengths.max())
+    prefill = dense_seconds(
+        costs.forward_flops(rows * prompt_tokens, rows * prompt_tokens * (prompt_tokens + 1) / 2),
+        hw,
+        devices,
+        eff,
+    )
+    if regime == "synchronous":
+        steps = np.arange(1, longest + 1)
+        context = rows * (prompt_tokens + steps)  # every row's cache grows each step
+        batch = np.full(longest, rows)
+    elif regime == "continuous":
+        slots = min(slots or rows, rows)
+        num_steps = max(longest, int(np.ceil(lengths.sum() / slots)))
+        batch = np.full(num_steps, slots)
+        context = batch * (prompt_tokens + lengths.mean() / 2)
+    else:
+        raise ValueError(f"regime = {regime!r} is not allowed; use 'synchronous' or 'continuous'")
+    seconds, limits = 0.0, {}
+    for b, c in zip(batch.tolist(), context.tolist(), strict=True):
+        step, limit = decode_step(costs, hw, b, c, devices, eff)
+        seconds += step
+        limits[limit] = limits.get(limit, 0) + 1
+    return {
+        "seconds": prefill + seconds,
+        "prefill_seconds": prefill,
+        "decode_steps": len(batch),
+        "limit": max(limits, key=limits.get),
+    }
+
+
+def update_seconds(
+    costs: ModelCosts,
+    hw: Hardware,
+    tokens: int,
+    context: float,
+    devices: int = 1,
+    epochs: int = 1,
+    eff=None,
+) -> float:
+    """Seconds of the update on ``tokens`` processed tokens whose contexts sum to ``context``
+    (packed rows: the real tokens; padded: rows x width), forward + backward per epoch."""
+    return dense_seconds(3.0 * epochs * costs.forward_flops(tokens, context), hw, devices, eff)
