@@ -314,10 +314,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     if args.devices is not None and args.devices < 1:
         raise UserError(f"--devices {args.devices}: must be >= 1")
-    if args.hardware is not None and args.hardware not in HARDWARE:
-        raise UserError(
-            f"--hardware {args.hardware!r} is not known; choose one of {list(HARDWARE)}"
-        )
     if cfg.sampling.prompt_buckets == "auto":  # the longest bucket comes from the data
         from sagc_jax.train.data import make_source, with_resolved_buckets
         from sagc_jax.train.policy import build_tokenizer
@@ -331,12 +327,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if memory is None and args.devices is None:  # planning for this machine's devices
         stats = jax.devices()[0].memory_stats() or {}
         memory = stats.get("bytes_limit", 0) / 1024**3 or None
-    if args.hardware is not None and memory is None:
-        memory = HARDWARE[args.hardware].memory_gib
+    step = None
+    if args.hardware is not None:  # first: an unknown name stops before anything is printed
+        step = step_prediction(cfg, args.hardware, devices, args.mean_new_tokens)
+        memory = memory or HARDWARE[args.hardware].memory_gib
     print(format_plan(memory_plan(cfg, devices), memory))
-    if args.hardware is not None:
+    if step is not None:
         print()
-        print(format_step(step_prediction(cfg, args.hardware, devices, args.mean_new_tokens)))
+        print(format_step(step))
     return 0
 
 

@@ -190,13 +190,12 @@ class SAGCPlusController(GroupController):
         self.slack = min(max(self.slack + self.config.delta - s_t, -h), h)
         self.rung = self.candidates.index(group_size)
         self._cached_plan = None
-        p_k, lo, hi, share = self._plan()
+        p_k, lo, hi, _ = self._plan()
         price = 0.0 if lo == hi else (self.utility[hi] - self.utility[lo]) / (p_k[hi] - p_k[lo])
         return {
             "lambda": float(price),
             "posterior_mean": p_k,
             "slack": self.slack,
-            "mixture": (self.candidates[lo], self.candidates[hi], share),
         }
 
     # ------------------------------------------------------------------ state
