@@ -31,9 +31,10 @@ import time
 
 import numpy as np
 
-from sagc_jax.config import Config, SAGCConfig, load_config
+from sagc_jax.config import Config, SAGCConfig, SimConfig, load_config
 from sagc_jax.controller import make_controller
 from sagc_jax.sim.runner import run_controller
+from sagc_jax.sim.steptime import StepTimer
 from sagc_jax.sim.worlds import TailWorld, WorkloadWorld, oracle, rates_table
 from sagc_jax.train.study import mean_ci
 
@@ -41,6 +42,7 @@ CANDIDATES = (4, 8, 16)
 TAU = 3.0
 CONTROLLERS = ("sagc", "sagc_plus")
 EXCESS_BAR, REGRET_BAR = 0.03, 0.3
+UNTIMED = StepTimer(SimConfig(hardware="custom"))  # the suite reads rates and G, not time
 
 
 def worlds(horizon: int, seed: int, prompts: int) -> dict:
@@ -67,7 +69,7 @@ def play(spec: str, world, delta: float, seed: int) -> tuple[np.ndarray, np.ndar
     cfg = Config()
     sagc = SAGCConfig(candidates=CANDIDATES, tau=TAU, delta=delta, seed=seed)
     controller_cfg = dataclasses.replace(cfg.controller, sagc=sagc)
-    run = run_controller(spec, make_controller(spec, controller_cfg), world, cfg)
+    run = run_controller(spec, make_controller(spec, controller_cfg), world, UNTIMED)
     return run.group_size, run.s_t
 
 

@@ -41,6 +41,29 @@ def _add_common(parser: argparse.ArgumentParser, config_required: bool = False) 
     )
 
 
+def _add_timing(parser: argparse.ArgumentParser) -> None:
+    """--hardware / --devices / --as-model: shorthands for sim.hardware, sim.devices and
+    sim.model, the step-time model that re-times the lengths (``sim.steptime``)."""
+    group = parser.add_argument_group("modeled time (the sim section's step-time model)")
+    group.add_argument(
+        "--hardware",
+        help="sim.hardware: h100, h200, a100-80gb, tpu-v5e, tpu-v5p, tpu-v6e, or custom (the "
+        "illustrative constants)",
+    )
+    group.add_argument("--devices", type=int, help="sim.devices: chips of that accelerator")
+    group.add_argument(
+        "--as-model",
+        metavar="MODEL",
+        help="sim.model: time the lengths as this model's (a preset or an HF checkpoint)",
+    )
+
+
+def _timing_overrides(args: argparse.Namespace) -> list[str]:
+    """The --set overrides of ``_add_timing``'s flags, after the user's own --set."""
+    flags = (("hardware", args.hardware), ("devices", args.devices), ("model", args.as_model))
+    return args.overrides + [f"sim.{key}={value}" for key, value in flags if value is not None]
+
+
 def _run_dir(cfg: Config, config_path: Path | None, command: str) -> Path:
     if cfg.logging.run_dir:
         path = Path(cfg.logging.run_dir)
@@ -60,15 +83,19 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _compare_and_report(args, workload_factory, command: str) -> int:
+def _compare_and_report(args, workload_factory, command: str):
+    """Play sim.controllers over the workload, print and write the table; returns the
+    ``StepTimer`` that timed the steps."""
     from sagc_jax.sim import compare
     from sagc_jax.sim.report import format_table, summary_rows, write_csv, write_plots
+    from sagc_jax.train.plan import step_timer
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, _timing_overrides(args))
     workload = workload_factory(cfg)
-    runs = compare(cfg, workload)
+    timer = step_timer(cfg, padded_width=cfg.sim.prompt_tokens + cfg.sim.max_new_tokens)
+    runs = compare(cfg, workload, timer)
     rows = summary_rows(runs)
-    table = format_table(rows, bootstrapped=command == "replay")
+    table = format_table(rows, timer.label, bootstrapped=command == "replay")
     out_dir = _run_dir(cfg, args.config, command)
     (out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     (out_dir / "table.md").write_text(table + "\n")
@@ -82,23 +109,23 @@ def _compare_and_report(args, workload_factory, command: str) -> int:
     )
     print(table)
     print(f"wrote {len(written)} files to {out_dir}")
-    return 0
+    return timer
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from sagc_jax.sim import SyntheticWorkload
 
-    code = _compare_and_report(args, lambda cfg: SyntheticWorkload(cfg.sim), "simulate")
+    timer = _compare_and_report(args, lambda cfg: SyntheticWorkload(cfg.sim), "simulate")
     if args.seeds > 1:
         from sagc_jax.sim.seeds import format_seed_table, run_seeds
 
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_config(args.config, _timing_overrides(args))
         print(
             f"over {args.seeds} seeds (sim.seed and controller.sagc.seed + 0..{args.seeds - 1}, "
             "mean +- std; the last two columns paired against sagc):"
         )
-        print(format_seed_table(run_seeds(cfg, args.seeds)))
-    return code
+        print(format_seed_table(run_seeds(cfg, args.seeds, timer)))
+    return 0
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -112,7 +139,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         except ValueError as err:
             raise UserError(str(err)) from None
 
-    return _compare_and_report(args, workload, "replay")
+    _compare_and_report(args, workload, "replay")
+    return 0
 
 
 def _print_summary(title: str, summary: dict, out_dir: Path) -> None:
@@ -342,7 +370,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from sagc_jax.config import parse_controller_spec
     from sagc_jax.train.compare import compare, format_tables
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, _timing_overrides(args))
     controllers = [c.strip() for c in args.controllers.split(",") if c.strip()]
     for spec in controllers:
         parse_controller_spec(spec)
@@ -501,6 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seeds", type=int, default=1, help="seeds per controller")
     p.add_argument("--steps", type=int, default=None, help="step budget (default: train.steps)")
+    _add_timing(p)
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("report", help="summary and plots of one run (finished or running)")
@@ -553,6 +582,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="also run seeds 0..N-1 and print mean +- std and differences paired against sagc",
     )
+    _add_timing(p)
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser(
@@ -563,6 +593,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common(p)
     p.add_argument("--log", type=Path, required=True, help="JSONL file of per-step lengths")
+    _add_timing(p)
     p.set_defaults(func=cmd_replay)
     return parser
 

@@ -532,6 +532,10 @@ class LoggingConfig(_Section):
     progress: bool = option(True, help="progress bar on stderr")
 
 
+# The accelerators of the roofline model: the keys of sim.roofline.HARDWARE (a test checks).
+HARDWARE_NAMES = ("h100", "h200", "a100-80gb", "tpu-v5e", "tpu-v5p", "tpu-v6e")
+
+
 @dataclasses.dataclass(frozen=True)
 class SimConfig(_Section):
     """Offline simulator: a synthetic rollout-length workload and a step-time model.
@@ -589,18 +593,50 @@ class SimConfig(_Section):
     prompt_length_corr: float = option(
         0.5, ge=-1.0, le=1.0, help="pool: correlation of log prompt length with straggle tendency"
     )
-    # Step-time model of synchronous training (seconds).
-    decode_step_seconds: float = option(0.02, ge=0.0, help="fixed cost of one decode step")
-    decode_seq_seconds: float = option(2e-5, ge=0.0, help="extra cost per sequence per step")
-    prefill_token_seconds: float = option(2e-6, ge=0.0)
-    update_token_seconds: float = option(4e-5, ge=0.0, help="update cost per processed token")
-    step_overhead_seconds: float = option(1.0, ge=0.0)
+    # Step-time model (sim/steptime.py): modeled seconds of a step from its lengths.
+    hardware: str = option(
+        "h100",
+        choices=("custom", *HARDWARE_NAMES),
+        help="accelerator of the roofline model (sim/roofline.py); custom: the illustrative "
+        "constants *_seconds below",
+    )
+    devices: int = option(1, ge=1, help="chips of that accelerator; a step's rows are split")
+    model: str = option(
+        "",
+        help="model whose step is timed: a preset name, or an HF checkpoint directory or its "
+        "config.json; empty: the config's model section",
+    )
+    slots: int = option(
+        256, ge=1, help="continuous batching: rollouts decoding at once per chip (vLLM: 256)"
+    )
+    bandwidth_efficiency: float = option(
+        0.7, gt=0.0, le=1.0, help="share of HBM bandwidth a decode step reaches"
+    )
+    decode_flops_efficiency: float = option(
+        0.5, gt=0.0, le=1.0, help="share of peak FLOP/s a decode step reaches"
+    )
+    mfu: float = option(0.4, gt=0.0, le=1.0, help="share of peak FLOP/s of prefill and update")
+    launch_seconds: float = option(50e-6, ge=0.0, help="fixed cost of one decode step")
+    # hardware: custom, the illustrative constants (only ratios between controllers mean much).
+    decode_step_seconds: float = option(0.02, ge=0.0, help="custom: fixed cost of a decode step")
+    decode_seq_seconds: float = option(2e-5, ge=0.0, help="custom: cost per row per decode step")
+    prefill_token_seconds: float = option(2e-6, ge=0.0, help="custom: prefill cost per token")
+    update_token_seconds: float = option(4e-5, ge=0.0, help="custom: update cost per token")
+    step_overhead_seconds: float = option(1.0, ge=0.0, help="custom: update cost per step")
 
     def check(self) -> None:
         if not self.controllers:
             raise ConfigError("sim.controllers is empty; give e.g. ['fixed:4', 'sagc']")
         for spec in self.controllers:
             parse_controller_spec(spec)
+        if self.hardware != "custom":
+            for f in dataclasses.fields(self):
+                if f.name.endswith("_seconds") and f.name != "launch_seconds":
+                    if getattr(self, f.name) != f.default:
+                        raise ConfigError(
+                            f"sim.{f.name} applies to sim.hardware: custom only, not "
+                            f"{self.hardware!r}; set sim.hardware=custom or drop the key"
+                        )
 
 
 @dataclasses.dataclass(frozen=True)

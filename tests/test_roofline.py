@@ -2,11 +2,14 @@
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sagc_jax.cli import main
-from sagc_jax.config import load_config
+from sagc_jax.config import HARDWARE_NAMES, ConfigError, SimConfig, load_config
+from sagc_jax.sim import StepTimer
 from sagc_jax.sim.roofline import (
+    HARDWARE,
     Efficiency,
     Hardware,
     ModelCosts,
@@ -15,7 +18,7 @@ from sagc_jax.sim.roofline import (
     rollout_seconds,
     update_seconds,
 )
-from sagc_jax.train.plan import architecture, step_prediction
+from sagc_jax.train.plan import architecture, step_prediction, step_timer, timed_architecture
 
 PAPER = Path(__file__).parent.parent / "configs" / "paper"
 HW = Hardware("test chip", peak_flops=100e12, hbm_bandwidth=1e12, memory_gib=16, source="-")
@@ -66,10 +69,23 @@ def test_synchronous_rollouts_wait_for_the_longest_and_continuous_ones_for_the_t
     # every step reads the weights and the 16 rows' caches of 1..100 tokens
     by_hand = sum((2e9 + 1e5 * 16 * t) / 0.5e12 + 1e-4 for t in range(1, 101))  # compute is smaller
     assert sync["seconds"] == pytest.approx(by_hand)
-    few_slots = rollout_seconds(
-        COSTS, HW, lengths, prompt_tokens=0, regime="continuous", slots=2, eff=EFF
+    # two slots: the straggler first holds one slot for 100 steps while the other runs ten 10s,
+    # then the last five 10s share both (100, 100, 110, 110, 120): 130 steps
+    first = rollout_seconds(
+        COSTS, HW, [100] + [10] * 15, prompt_tokens=0, regime="continuous", slots=2, eff=EFF
     )
-    assert few_slots["decode_steps"] == 125  # 250 tokens over 2 slots beats the longest (100)
+    assert first["decode_steps"] == 130
+    # in arrival order the straggler starts last, at step 70, and ends at 170
+    last = rollout_seconds(COSTS, HW, lengths, prompt_tokens=0, regime="continuous", slots=2)
+    assert last["decode_steps"] == 170
+    # lengths 3, 1, 2 on two slots: row 2 takes row 1's slot at step 1; contexts of the active
+    # rows per step: 1 + 1, 2 + 1, 3 + 2 (prompt 4 adds 4 per active row: 2 rows every step)
+    small = rollout_seconds(
+        COSTS, HW, [3, 1, 2], prompt_tokens=4, regime="continuous", slots=2, eff=EFF
+    )
+    assert small["decode_steps"] == 3
+    decode = sum((2e9 + 1e5 * (c + 8)) / 0.5e12 + 1e-4 for c in (2, 3, 5))
+    assert small["seconds"] - small["prefill_seconds"] == pytest.approx(decode)
     with pytest.raises(ValueError, match="regime"):
         rollout_seconds(COSTS, HW, lengths, prompt_tokens=0, regime="async")
 
@@ -100,3 +116,42 @@ def test_plan_predicts_a_step(capsys):
     assert "rollout, synchronous:" in out and "bound" in out and "update:" in out
     assert main(["plan", "--config", config, "--hardware", "b300", "--devices", "8"]) == 2
     assert "--hardware 'b300' is not known" in capsys.readouterr().err
+
+
+def test_the_sim_section_names_the_presets_and_the_default_factors():
+    assert HARDWARE_NAMES == tuple(HARDWARE)
+    assert Efficiency.of(SimConfig()) == Efficiency()
+    with pytest.raises(
+        ConfigError, match="sim.update_token_seconds applies to sim.hardware: custom"
+    ):
+        load_config(None, ["sim.update_token_seconds=1e-3"])
+    assert load_config(None, ["sim.hardware=custom", "sim.update_token_seconds=1e-3"])
+
+
+def test_step_timer_times_padded_and_packed_updates_on_their_tokens():
+    sim = SimConfig(hardware="h100", devices=2, mfu=0.5)
+    hw, lengths, prompts = HARDWARE["h100"], np.array([10, 30, 20]), np.array([4, 4, 6])
+    packed = StepTimer(sim, COSTS, "test model")(lengths, prompts)
+    width = prompts + lengths  # 14, 34, 26 real tokens
+    flops = 3 * (2e9 * width.sum() + 1e4 * (width * (width + 1) / 2).sum())
+    assert packed.update == pytest.approx(flops / (2 * hw.peak_flops * 0.5))
+    padded = StepTimer(sim, COSTS, "test model", padded_width=50, epochs=2)(lengths, prompts)
+    flops = 2 * 3 * (2e9 * 150 + 1e4 * 3 * 50 * 51 / 2)  # 3 rows of 50, two epochs
+    assert padded.update == pytest.approx(flops / (2 * hw.peak_flops * 0.5))
+    eff = Efficiency.of(sim)
+    sync = rollout_seconds(COSTS, hw, lengths, prompts, 2, "synchronous", 512, eff)["seconds"]
+    assert packed.synchronous == pytest.approx(sync)
+    assert packed.continuous <= packed.synchronous  # finished rows leave the batch
+    assert StepTimer(sim, COSTS, "test model").label == "test model on 2 x h100"
+
+
+def test_the_timed_model_is_a_preset_an_hf_config_or_the_run_s_own(tmp_path):
+    arch, name = timed_architecture(load_config(None, ["sim.model=llama-3.2-3b"]))
+    assert name == "llama-3.2-3b" and arch.compute_dtype == "bfloat16"
+    assert timed_architecture(load_config(None, []))[1] == "tiny"  # the model section's preset
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="sim.model: .*config.json"):
+        timed_architecture(load_config(None, [f"sim.model={tmp_path}"]))
+    with pytest.raises(ConfigError, match="neither a model preset"):
+        timed_architecture(load_config(None, ["sim.model=gpt-5"]))
+    assert step_timer(load_config(None, ["sim.hardware=custom"]), 64).costs is None

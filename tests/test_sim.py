@@ -8,8 +8,11 @@ import pytest
 from sagc_jax.cli import main
 from sagc_jax.config import SimConfig, load_config
 from sagc_jax.controller import FixedGroupController, make_controller
-from sagc_jax.sim import ReplayWorkload, SyntheticWorkload, compare, run_controller, step_seconds
+from sagc_jax.sim import ReplayWorkload, StepTimer, SyntheticWorkload, compare, run_controller
 from sagc_jax.sim.report import summary_rows
+from sagc_jax.train.plan import step_timer
+
+CUSTOM = StepTimer(SimConfig(hardware="custom"))  # timing does not matter to these tests
 
 
 def test_common_random_numbers_across_group_sizes():
@@ -52,14 +55,17 @@ def test_larger_groups_straggle_more_on_the_calibrated_workload():
     cfg = load_config("configs/sim/reasoning_drift.yaml")
     w = SyntheticWorkload(cfg.sim)
     rates = [
-        run_controller(f"fixed:{g}", FixedGroupController(g, tau=3.0), w, cfg).s_t.mean()
+        run_controller(f"fixed:{g}", FixedGroupController(g, tau=3.0), w, CUSTOM).s_t.mean()
         for g in (4, 8, 16)
     ]
     assert rates[0] < rates[1] < rates[2]
 
 
-def test_step_time_model_by_hand():
+def test_custom_step_time_model_by_hand():
     cfg = SimConfig(
+        hardware="custom",
+        slots=1,
+        devices=2,
         prefill_token_seconds=0.001,
         decode_step_seconds=0.1,
         decode_seq_seconds=0.01,
@@ -67,23 +73,30 @@ def test_step_time_model_by_hand():
         step_overhead_seconds=1.0,
     )
     lengths = np.array([[10, 20], [30, 40]])
-    rollout, update = step_seconds(lengths, prompt_tokens=5, cfg=cfg)
-    assert rollout == pytest.approx(0.001 * 4 * 5 + 40 * (0.1 + 0.01 * 4))
+    sync, cont, update = StepTimer(cfg)(lengths, prompt_tokens=5)
+    assert sync == pytest.approx(0.001 * 4 * 5 + 40 * (0.1 + 0.01 * 4))
+    # two slots (1 per chip x 2): 10 | 20, then 30 joins the first at 10 and 40 the second at
+    # 20: 60 steps, each row's tokens once
+    assert cont == pytest.approx(0.001 * 4 * 5 + 60 * 0.1 + 0.01 * 100)
     assert update == pytest.approx(1.0 + 0.002 * (4 * 5 + 100))
 
 
 def test_sagc_meets_the_done_criteria_on_the_calibrated_workload():
     """SAGC near delta where fixed 16 is not, cheaper than fixed 16, larger G than fixed 4."""
     cfg = load_config("configs/sim/reasoning_drift.yaml")
-    rows = {r["controller"]: r for r in summary_rows(compare(cfg, SyntheticWorkload(cfg.sim)))}
+    timer = step_timer(cfg, cfg.sim.prompt_tokens + cfg.sim.max_new_tokens)
+    assert timer.label == "qwen2.5-3b on 8 x h100"
+    runs = compare(cfg, SyntheticWorkload(cfg.sim), timer)
+    rows = {r["controller"]: r for r in summary_rows(runs)}
     delta = cfg.controller.sagc.delta
     assert abs(rows["sagc"]["straggler_rate"] - delta) <= 0.05
     assert rows["fixed:16"]["straggler_rate"] > delta + 0.1
-    assert rows["sagc"]["wall_clock_h"] < rows["fixed:16"]["wall_clock_h"]
+    for regime in ("synchronous_h", "continuous_h"):
+        assert rows["sagc"][regime] < rows["fixed:16"][regime]
     assert rows["sagc"]["mean_log2_G"] > rows["fixed:4"]["mean_log2_G"]
-    # SAGC+ keeps the budget SAGC overshoots, at a lower simulated wall-clock
+    # SAGC+ keeps the budget SAGC overshoots, at a lower modeled time
     assert rows["sagc_plus"]["straggler_rate"] <= delta + 0.01
-    assert rows["sagc_plus"]["wall_clock_h"] < rows["sagc"]["wall_clock_h"]
+    assert rows["sagc_plus"]["synchronous_h"] < rows["sagc"]["synchronous_h"]
 
 
 def test_simulate_command_writes_table_csv_and_plots(tmp_path, capsys):
@@ -231,11 +244,17 @@ def test_prompt_pool_straggle_tendency_persists_across_epochs():
 
 
 def test_step_time_of_mixed_groups_follows_the_longest_sequence():
-    cfg = SimConfig(prefill_token_seconds=0.001, decode_step_seconds=0.1, decode_seq_seconds=0.01)
+    cfg = SimConfig(
+        hardware="custom",
+        prefill_token_seconds=0.001,
+        decode_step_seconds=0.1,
+        decode_seq_seconds=0.01,
+    )
+    timer = StepTimer(cfg)
     lengths = np.array([[10, 20], [30, 40]])
-    assert step_seconds(lengths.ravel(), 5, cfg) == step_seconds(lengths, 5, cfg)
-    rollout, update = step_seconds(np.array([10, 20, 30, 40, 50]), np.array([5, 5, 7, 7, 7]), cfg)
-    assert rollout == pytest.approx(0.001 * 31 + 50 * (0.1 + 0.01 * 5))
+    assert timer(lengths.ravel(), 5) == timer(lengths, 5)
+    sync, _, update = timer(np.array([10, 20, 30, 40, 50]), np.array([5, 5, 7, 7, 7]))
+    assert sync == pytest.approx(0.001 * 31 + 50 * (0.1 + 0.01 * 5))
     assert update == pytest.approx(cfg.step_overhead_seconds + cfg.update_token_seconds * 181)
 
 
@@ -253,7 +272,7 @@ def test_runner_plays_per_prompt_sizes(budget):
     )
     w = SyntheticWorkload(cfg.sim)
     run = run_controller(
-        "hybrid:per_prompt", make_controller("hybrid:per_prompt", cfg.controller), w, cfg
+        "hybrid:per_prompt", make_controller("hybrid:per_prompt", cfg.controller), w, CUSTOM
     )
     if budget:
         assert np.all(run.num_sequences == budget)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sagc_jax.config import SimConfig
-from sagc_jax.sim import step_seconds
+from sagc_jax.sim import StepTimer
 from sagc_jax.train.study import (
     calibration_measures,
     format_paired,
@@ -19,6 +19,8 @@ from sagc_jax.train.study import (
     t_quantile,
     time_to_accuracy,
 )
+
+TIMER = StepTimer(SimConfig(hardware="custom"))
 
 
 def test_t_interval_by_hand():
@@ -76,20 +78,21 @@ def test_time_to_accuracy_counts_the_steps_before_the_evaluation():
 
 
 def test_modeled_time_replays_the_logged_lengths():
-    sim = SimConfig()
     lengths = [[10, 40, 12], [9, 11, 300]]
     steps, _ = _log({}, [1.0, 1.0], lengths, prompt_tokens=7)
-    expected = sum(step_seconds(np.array(lengths), 7, sim))
-    np.testing.assert_allclose(modeled_step_seconds(steps, sim), [expected, expected])
+    sync, cont, update = TIMER(np.array(lengths), 7)
+    modeled = modeled_step_seconds(steps, TIMER)
+    np.testing.assert_allclose(modeled["synchronous"], [sync + update] * 2)
+    np.testing.assert_allclose(modeled["continuous"], [cont + update] * 2)
     # a straggler costs modeled time: the same step without the 300-token rollout is cheaper
     short, _ = _log({}, [1.0], [[10, 40, 12], [9, 11, 13]], prompt_tokens=7)
-    assert modeled_step_seconds(short, sim)[0] < expected
+    assert modeled_step_seconds(short, TIMER)["synchronous"][0] < sync + update
 
 
 def test_run_measures_by_hand():
     lengths = [[4, 8], [6, 2]]  # 4 rows, 20 completion tokens
     steps, evals = _log({2: 0.25, 3: 0.5}, [1.0, 2.0, 4.0], lengths, decode_steps=8)
-    m = run_measures(steps, evals, SimConfig(), target=0.4)
+    m = run_measures(steps, evals, TIMER, target=0.4)
     assert m["accuracy"] == 0.5 and m["wall_clock_s"] == 7.0 and m["tta_wall_s"] == 7.0
     assert m["decode_slots_M"] * 1e6 == 3 * 4 * 8  # steps x rows x decode steps
     assert m["update_tokens_M"] * 1e6 == pytest.approx(3 * (20 + 4 * 5))
@@ -103,7 +106,7 @@ def test_study_rows_target_and_paired_table():
         # fixed:8 ends at 0.6 after 4 s; sagc at 0.58 after 2 s, reaching 0.54 at step 2
         per_run[("fixed:8", seed)] = _log({2: 0.4, 4: 0.6}, [1.0] * 4, [[5] * 8])
         per_run[("sagc", seed)] = _log({2: 0.55 + 0.01 * seed, 4: 0.58}, [0.5] * 4, [[5] * 4])
-    result = study(per_run, ["fixed:8", "sagc"], 3, SimConfig())
+    result = study(per_run, ["fixed:8", "sagc"], 3, TIMER)
     assert result["target"] == pytest.approx(0.54)
     rows = {r["controller"]: r for r in result["rows"]}
     assert rows["sagc"]["accuracy"] == pytest.approx(0.58) and rows["sagc"]["accuracy_ci"] == 0
@@ -119,19 +122,18 @@ def test_study_rows_target_and_paired_table():
     for seed in range(3):
         per_run[("fixed:8", seed)] = _log({2: 0.1, 4: 0.9}, [1.0] * 4, [[5] * 8])
         per_run[("sagc", seed)] = _log({2: 0.1, 4: 0.5}, [1.0] * 4, [[5] * 4])
-    result = study(per_run, ["fixed:8", "sagc"], 3, SimConfig())
+    result = study(per_run, ["fixed:8", "sagc"], 3, TIMER)
     assert "not reached" in format_rows(result["rows"])
 
 
 def test_mixed_group_sizes_count_every_rollout():
     """A hybrid per_prompt step logs one list per group, of its own size: the modeled time, the
     work and mean log2 G read every rollout as a flat batch would."""
-    sim = SimConfig()
     mixed = [[10, 40, 12, 9], [11, 300]]  # sizes 4 and 2
     steps, evals = _log({1: 0.5}, [1.0], mixed, decode_steps=300, prompt_tokens=7)
-    expected = sum(step_seconds(np.array([10, 40, 12, 9, 11, 300]), 7, sim))
-    np.testing.assert_allclose(modeled_step_seconds(steps, sim), [expected])
-    m = run_measures(steps, evals, sim, target=0.4)
+    sync, _, update = TIMER(np.array([10, 40, 12, 9, 11, 300]), 7)
+    np.testing.assert_allclose(modeled_step_seconds(steps, TIMER)["synchronous"], [sync + update])
+    m = run_measures(steps, evals, TIMER, target=0.4)
     assert m["decode_slots_M"] * 1e6 == 6 * 300
     assert m["update_tokens_M"] * 1e6 == pytest.approx(382 + 6 * 7)
     assert m["mean_log2_G"] == pytest.approx(1.5)  # (log2 4 + log2 2) / 2
@@ -143,7 +145,7 @@ def test_every_adaptive_controller_is_paired_with_those_before_it():
         per_run[("fixed:8", seed)] = _log({2: 0.5}, [1.0, 1.0], [[5] * 8])
         per_run[("sagc", seed)] = _log({2: 0.5}, [1.0, 1.0], [[5] * 4])
         per_run[("hybrid:per_prompt", seed)] = _log({2: 0.5}, [0.5, 0.5], [[5] * 8, [5] * 2])
-    result = study(per_run, ["fixed:8", "sagc", "hybrid:per_prompt"], 2, SimConfig())
+    result = study(per_run, ["fixed:8", "sagc", "hybrid:per_prompt"], 2, TIMER)
     pairs = [(r["subject"], r["against"]) for r in result["paired"]]
     assert pairs == [
         ("sagc", "fixed:8"),
@@ -168,5 +170,5 @@ def test_calibration_of_a_prompt_aware_run():
     assert m["calibration_ece"] == 0.1 and math.isnan(m["calibration_brier"])
     assert calibration_measures(_log({}, [1.0], [[5]])[0]) is None
     per_run = {("hybrid:step", 0): (steps, evals)}
-    (row,) = study(per_run, ["hybrid:step"], 1, SimConfig())["calibration"]
+    (row,) = study(per_run, ["hybrid:step"], 1, TIMER)["calibration"]
     assert row["controller"] == "hybrid:step" and row["predicted_s_t"] == 0.5

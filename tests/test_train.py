@@ -293,10 +293,15 @@ def test_compare_and_report_commands(tmp_path, capsys):
         "2",
         "--steps",
         "2",
+        "--hardware",
+        "h200",
+        "--as-model",
+        "qwen2.5-0.5b",
     ]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "| fixed:2 |" in printed and "| sagc |" in printed and "±" in printed
+    assert "modeled s, qwen2.5-0.5b on 1 x h200, synchronous" in printed
     assert "| sagc - fixed:2 |" in printed  # the paired table
     # seed by seed, every controller in turn: a drift of the machine falls on both alike
     started = re.findall(r"^compare: (\S+), seed (\d+):", printed, re.M)

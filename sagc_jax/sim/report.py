@@ -9,34 +9,48 @@ import numpy as np
 
 from sagc_jax.sim.runner import SimRun
 
-_COLUMNS = (
-    ("controller", "controller", "{}"),
-    ("straggler_rate", "straggler rate", "{:.3f}"),
-    ("mean_G", "mean G", "{:.2f}"),
-    ("mean_log2_G", "mean log2 G", "{:.2f}"),
-    ("rollouts", "rollouts", "{:d}"),
-    ("wall_clock_h", "sim wall-clock (h)", "{:.2f}"),
-    ("vs_ref", "vs fixed:16", "{:.2f}x"),
-    ("rollout_share", "rollout share", "{:.2f}"),
-    ("padding_waste", "padding waste", "{:.3f}"),
-)
+
+def _columns(timed: str, reference: str) -> tuple:
+    """(key, title, format) of the table; the modeled hours name what they are of (``timed``:
+    the model and hardware of the step-time model) and the rollout regime."""
+    return (
+        ("controller", "controller", "{}"),
+        ("straggler_rate", "straggler rate", "{:.3f}"),
+        ("mean_G", "mean G", "{:.2f}"),
+        ("mean_log2_G", "mean log2 G", "{:.2f}"),
+        ("rollouts", "rollouts", "{:d}"),
+        ("synchronous_h", f"modeled h, {timed}, synchronous", "{:.2f}"),
+        ("synchronous_vs_ref", f"vs {reference}", "{:.2f}x"),
+        ("continuous_h", "modeled h, continuous batching", "{:.2f}"),
+        ("continuous_vs_ref", f"vs {reference}", "{:.2f}x"),
+        ("rollout_share", "rollout share (synchronous)", "{:.2f}"),
+        ("padding_waste", "padding waste", "{:.3f}"),
+    )
+
 
 # lambda of the plots: the paper's SAGC logs its multiplier, SAGC+ its linear program's price
 PRICE_TITLE = "Straggler price (sagc: multiplier; sagc_plus: LP)"
+REFERENCE = "fixed:16"
 
 
-def summary_rows(runs: list[SimRun], reference: str = "fixed:16") -> list[dict]:
-    """Summaries with wall-clock relative to ``reference`` (nan when it was not run)."""
+def summary_rows(runs: list[SimRun], reference: str = REFERENCE) -> list[dict]:
+    """Summaries with the modeled hours of each regime relative to ``reference``'s (nan when it
+    was not run)."""
     rows = [run.summary() for run in runs]
-    ref = next((r["wall_clock_h"] for r in rows if r["controller"] == reference), float("nan"))
+    ref = next((r for r in rows if r["controller"] == reference), None)
     for row in rows:
-        row["vs_ref"] = row["wall_clock_h"] / ref if ref else float("nan")
+        for regime in ("synchronous", "continuous"):
+            hours = ref[f"{regime}_h"] if ref else float("nan")
+            row[f"{regime}_vs_ref"] = row[f"{regime}_h"] / hours if hours else float("nan")
     return rows
 
 
-def format_table(rows: list[dict], bootstrapped: bool = False) -> str:
-    """A markdown table, one row per controller."""
-    cols = list(_COLUMNS) + (
+def format_table(
+    rows: list[dict], timed: str, bootstrapped: bool = False, reference: str = REFERENCE
+) -> str:
+    """A markdown table, one row per controller; ``timed`` says what the modeled hours are of
+    (``StepTimer.label``)."""
+    cols = list(_columns(timed, reference)) + (
         [("bootstrapped_steps", "bootstrapped steps", "{:d}")] if bootstrapped else []
     )
     lines = [
@@ -75,6 +89,7 @@ def write_csv(runs: list[SimRun], rows: list[dict], out_dir: Path) -> list[Path]
                 "max_ratio",
                 "mean_length",
                 "rollout_s",
+                "continuous_rollout_s",
                 "update_s",
             ]
             + [f"posterior_mean_G{g}" for g in candidates]
@@ -93,6 +108,7 @@ def write_csv(runs: list[SimRun], rows: list[dict], out_dir: Path) -> list[Path]
                         f"{run.max_ratio[t]:.6g}",
                         f"{run.mean_length[t]:.6g}",
                         f"{run.rollout_seconds[t]:.6g}",
+                        f"{run.continuous_rollout_seconds[t]:.6g}",
                         f"{run.update_seconds[t]:.6g}",
                     ]
                     + [

@@ -25,6 +25,7 @@ device run of this project has measured them at real RL sizes yet.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 
 import numpy as np
 
@@ -78,6 +79,13 @@ class Efficiency:
     mfu: float = 0.4
     launch_seconds: float = 50e-6
 
+    @classmethod
+    def of(cls, sim) -> Efficiency:
+        """The factors a ``SimConfig`` sets (``sim.bandwidth_efficiency`` ...)."""
+        return cls(
+            sim.bandwidth_efficiency, sim.decode_flops_efficiency, sim.mfu, sim.launch_seconds
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelCosts:
@@ -117,6 +125,18 @@ def model_costs(arch) -> ModelCosts:
     )
 
 
+def _decode_terms(costs: ModelCosts, hw: Hardware, rows, context, devices: int, eff: Efficiency):
+    """``(memory seconds, compute seconds)`` of decode steps (numpy arrays or scalars) of
+    ``rows`` rows whose contexts sum to ``context`` tokens, split over ``devices`` chips."""
+    memory = (costs.weight_bytes + costs.kv_bytes_per_token * context / devices) / (
+        hw.hbm_bandwidth * eff.bandwidth
+    )
+    compute = costs.forward_flops(rows / devices, context / devices) / (
+        hw.peak_flops * eff.decode_flops
+    )
+    return memory, compute
+
+
 def decode_step(
     costs: ModelCosts, hw: Hardware, rows: int, context: float, devices: int = 1, eff=None
 ) -> tuple[float, str]:
@@ -124,15 +144,9 @@ def decode_step(
     ``context`` tokens, on ``devices`` chips splitting the rows; the limit is ``bandwidth``,
     ``compute`` or ``launch`` (the largest of the three terms)."""
     eff = eff or Efficiency()
-    per_chip_rows, per_chip_context = rows / devices, context / devices
-    memory = (costs.weight_bytes + costs.kv_bytes_per_token * per_chip_context) / (
-        hw.hbm_bandwidth * eff.bandwidth
-    )
-    compute = costs.forward_flops(per_chip_rows, per_chip_context) / (
-        hw.peak_flops * eff.decode_flops
-    )
+    memory, compute = _decode_terms(costs, hw, rows, context, devices, eff)
     terms = {"bandwidth": memory, "compute": compute, "launch": eff.launch_seconds}
-    return max(memory, compute) + eff.launch_seconds, max(terms, key=terms.get)
+    return float(max(memory, compute) + eff.launch_seconds), max(terms, key=terms.get)
 
 
 def dense_seconds(flops: float, hw: Hardware, devices: int = 1, eff=None) -> float:
@@ -141,53 +155,76 @@ def dense_seconds(flops: float, hw: Hardware, devices: int = 1, eff=None) -> flo
     return flops / (devices * hw.peak_flops * eff.mfu)
 
 
+def slot_schedule(lengths, slots: int) -> np.ndarray:
+    """int64 [B]: the decode step at which each rollout starts when ``slots`` rows decode at
+    once and a finished row's slot takes the next rollout in order (list scheduling)."""
+    lengths = np.asarray(lengths, np.int64).ravel()
+    if slots >= lengths.size:
+        return np.zeros(lengths.size, np.int64)
+    free_at = [0] * slots  # a heap of the steps at which each slot frees up
+    starts = np.empty(lengths.size, np.int64)
+    for i, length in enumerate(lengths.tolist()):
+        starts[i] = heapq.heappop(free_at)
+        heapq.heappush(free_at, int(starts[i]) + length)
+    return starts
+
+
 def rollout_seconds(
     costs: ModelCosts,
     hw: Hardware,
     lengths,
-    prompt_tokens: int,
+    prompt_tokens,
     devices: int = 1,
     regime: str = "synchronous",
     slots: int | None = None,
     eff=None,
 ) -> dict:
     """Seconds of one step's rollouts: ``lengths`` are the completions' lengths (``[B]`` or
-    ``[P, G]``), every prompt ``prompt_tokens`` long.
+    ``[P, G]``, read row-major), ``prompt_tokens`` their prompt lengths (one int, or ``[B]``).
 
     ``synchronous``: prefill, then ``max(lengths)`` decode steps of all ``B`` rows (finished
-    rows still occupy their slot). ``continuous``: ``slots`` rows (default ``B``) decode at a
-    time and a finished row's slot takes the next rollout, so the step takes ``max(sum / slots,
-    max)`` decode steps at the mean context. Returns seconds, decode steps and the limit that
-    binds most of them."""
-    lengths = np.asarray(lengths).ravel()
-    rows, longest = lengths.size, int(lengths.max())
+    rows keep their slot and their growing cache). ``continuous``: ``slots`` rows in all
+    (default ``B``) decode at a time and a finished row's slot takes the next rollout
+    (``slot_schedule``), so the step lasts until the last slot finishes, at least
+    ``sum / slots`` and at least the longest completion; each step reads the caches of the rows
+    active in it. Returns seconds, prefill seconds, decode steps and the limit that binds most
+    of them."""
+    eff = eff or Efficiency()
+    lengths = np.asarray(lengths, np.int64).ravel()
+    prompts = np.broadcast_to(np.asarray(prompt_tokens, np.int64), lengths.shape)
+    rows = lengths.size
     prefill = dense_seconds(
-        costs.forward_flops(rows * prompt_tokens, rows * prompt_tokens * (prompt_tokens + 1) / 2),
-        hw,
-        devices,
-        eff,
+        costs.forward_flops(prompts.sum(), (prompts * (prompts + 1) / 2).sum()), hw, devices, eff
     )
     if regime == "synchronous":
-        steps = np.arange(1, longest + 1)
-        context = rows * (prompt_tokens + steps)  # every row's cache grows each step
-        batch = np.full(longest, rows)
+        starts, occupied = np.zeros(rows, np.int64), np.full(rows, lengths.max())
     elif regime == "continuous":
-        slots = min(slots or rows, rows)
-        num_steps = max(longest, int(np.ceil(lengths.sum() / slots)))
-        batch = np.full(num_steps, slots)
-        context = batch * (prompt_tokens + lengths.mean() / 2)
+        starts, occupied = slot_schedule(lengths, min(slots or rows, rows)), lengths
     else:
         raise ValueError(f"regime = {regime!r} is not allowed; use 'synchronous' or 'continuous'")
-    seconds, limits = 0.0, {}
-    for b, c in zip(batch.tolist(), context.tolist(), strict=True):
-        step, limit = decode_step(costs, hw, b, c, devices, eff)
-        seconds += step
-        limits[limit] = limits.get(limit, 0) + 1
+    # Row i holds a slot in decode steps starts[i] .. starts[i] + occupied[i] - 1 (0-based) with
+    # a context of prompt + (step - start + 1) tokens: count rows and sum contexts per step from
+    # difference arrays (a row adds prompt - start + 1 + step to every step it is active in).
+    num_steps = int((starts + occupied).max())
+    ends = starts + occupied
+    active = np.zeros(num_steps + 1)
+    offset = np.zeros(num_steps + 1)
+    np.add.at(active, starts, 1)
+    np.add.at(active, ends, -1)
+    np.add.at(offset, starts, prompts - starts + 1)
+    np.add.at(offset, ends, -(prompts - starts + 1))
+    active, offset = np.cumsum(active)[:-1], np.cumsum(offset)[:-1]
+    context = offset + active * np.arange(num_steps)
+    memory, compute = _decode_terms(costs, hw, active, context, devices, eff)
+    bound = np.where(compute > memory, "compute", "bandwidth")
+    bound = np.where(np.maximum(memory, compute) < eff.launch_seconds, "launch", bound)
+    names, counts = np.unique(bound, return_counts=True)
+    decode = float(np.maximum(memory, compute).sum()) + num_steps * eff.launch_seconds
     return {
-        "seconds": prefill + seconds,
+        "seconds": prefill + decode,
         "prefill_seconds": prefill,
-        "decode_steps": len(batch),
-        "limit": max(limits, key=limits.get),
+        "decode_steps": num_steps,
+        "limit": str(names[np.argmax(counts)]),
     }
 
 

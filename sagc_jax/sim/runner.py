@@ -8,7 +8,7 @@ import numpy as np
 
 from sagc_jax.config import Config
 from sagc_jax.controller import GroupController, make_controller
-from sagc_jax.sim.steptime import step_seconds
+from sagc_jax.sim.steptime import StepTimer
 
 
 @dataclasses.dataclass
@@ -25,7 +25,8 @@ class SimRun:
     padding_waste: np.ndarray  # float [T]
     max_ratio: np.ndarray  # float [T], largest group max/median of the step
     group_ratios: list[np.ndarray]  # per step, [num_groups]
-    rollout_seconds: np.ndarray  # float [T]
+    rollout_seconds: np.ndarray  # float [T], synchronous rollouts (StepTimer)
+    continuous_rollout_seconds: np.ndarray  # float [T], continuous batching
     update_seconds: np.ndarray  # float [T]
     mean_length: np.ndarray  # float [T]
     num_sequences: np.ndarray  # int [T], rollouts generated at each step
@@ -33,16 +34,20 @@ class SimRun:
     calibration: dict | None = None  # prompt-aware controllers: predicted vs observed straggle
 
     def summary(self) -> dict:
-        """One row of the comparison table."""
-        total = float(self.rollout_seconds.sum() + self.update_seconds.sum())
+        """One row of the comparison table: modeled hours with synchronous and with continuous
+        rollouts (the update alike in both)."""
+        update = float(self.update_seconds.sum())
+        synchronous = float(self.rollout_seconds.sum()) + update
+        continuous = float(self.continuous_rollout_seconds.sum()) + update
         return {
             "controller": self.name,
             "straggler_rate": float(self.s_t.mean()),
             "mean_G": float(self.group_size.mean()),
             "mean_log2_G": float(self.log2_group_size.mean()),
             "rollouts": int(self.num_sequences.sum()),
-            "wall_clock_h": total / 3600.0,
-            "rollout_share": float(self.rollout_seconds.sum()) / total if total else 0.0,
+            "synchronous_h": synchronous / 3600.0,
+            "continuous_h": continuous / 3600.0,
+            "rollout_share": (synchronous - update) / synchronous if synchronous else 0.0,
             "padding_waste": float(self.padding_waste.mean()),
             "bootstrapped_steps": self.bootstrapped_steps,
         }
@@ -73,8 +78,9 @@ def _play_step(controller: GroupController, workload, t: int):
     return sizes_p, lengths_b, tokens, metrics
 
 
-def run_controller(name: str, controller: GroupController, workload, cfg: Config) -> SimRun:
-    """Play ``controller`` for every step of ``workload`` (its ``num_steps``).
+def run_controller(name: str, controller: GroupController, workload, timer: StepTimer) -> SimRun:
+    """Play ``controller`` for every step of ``workload`` (its ``num_steps``), each step timed
+    by ``timer``.
 
     A prompt-aware controller gets the step's prompt ids and prompt lengths
     (``workload.prompts``) and may answer a size per prompt; the step then generates the first
@@ -84,7 +90,7 @@ def run_controller(name: str, controller: GroupController, workload, cfg: Config
     k = len(controller.candidates)
     hist = {
         key: np.zeros(steps)
-        for key in ("g", "log2_g", "s_t", "lam", "waste", "max_ratio", "rollout", "update")
+        for key in ("g", "log2_g", "s_t", "lam", "waste", "max_ratio", "sync", "cont", "update")
     }
     hist["mean_len"] = np.zeros(steps)
     num_sequences = np.zeros(steps, dtype=np.int64)
@@ -95,7 +101,7 @@ def run_controller(name: str, controller: GroupController, workload, cfg: Config
         sizes_p, lengths_b, tokens, m = _play_step(controller, workload, t)
         if hasattr(workload, "is_bootstrapped"):
             bootstrapped += workload.is_bootstrapped(t, int(sizes_p.max()))
-        rollout, update = step_seconds(lengths_b, tokens, cfg.sim)
+        seconds = timer(lengths_b, tokens)
         hist["g"][t] = lengths_b.size / sizes_p.size
         hist["log2_g"][t] = np.log2(sizes_p).mean()
         num_sequences[t] = lengths_b.size
@@ -103,7 +109,7 @@ def run_controller(name: str, controller: GroupController, workload, cfg: Config
         hist["lam"][t] = m.get("lambda", 0.0)
         hist["waste"][t] = m["padding_waste"]
         hist["max_ratio"][t] = m["max_ratio"]
-        hist["rollout"][t], hist["update"][t] = rollout, update
+        hist["sync"][t], hist["cont"][t], hist["update"][t] = seconds
         hist["mean_len"][t] = m["mean_length"]
         if m.get("posterior_mean") is not None:
             posterior[t] = m["posterior_mean"]
@@ -119,7 +125,8 @@ def run_controller(name: str, controller: GroupController, workload, cfg: Config
         padding_waste=hist["waste"],
         max_ratio=hist["max_ratio"],
         group_ratios=ratios,
-        rollout_seconds=hist["rollout"],
+        rollout_seconds=hist["sync"],
+        continuous_rollout_seconds=hist["cont"],
         update_seconds=hist["update"],
         mean_length=hist["mean_len"],
         num_sequences=num_sequences,
@@ -128,9 +135,9 @@ def run_controller(name: str, controller: GroupController, workload, cfg: Config
     )
 
 
-def compare(cfg: Config, workload) -> list[SimRun]:
+def compare(cfg: Config, workload, timer: StepTimer) -> list[SimRun]:
     """Run every controller of ``cfg.sim.controllers`` over the same workload."""
     return [
-        run_controller(spec, make_controller(spec, cfg.controller), workload, cfg)
+        run_controller(spec, make_controller(spec, cfg.controller), workload, timer)
         for spec in cfg.sim.controllers
     ]

@@ -11,6 +11,7 @@ from pathlib import Path
 from sagc_jax.config import Config, from_dict, parse_controller_spec, to_dict
 from sagc_jax.train.faults import Interrupted, phase, resume_hint
 from sagc_jax.train.loop import Trainer
+from sagc_jax.train.plan import step_timer
 from sagc_jax.train.report import read_metrics
 from sagc_jax.train.study import CALIBRATION, format_paired, format_rows, plot_study, study
 
@@ -75,22 +76,25 @@ def compare(
                         f"its checkpoint is saved in {run_dir}; {hint}",
                     )
             per_run[(spec, seed)] = read_metrics(run_dir)
-    result = study(per_run, controllers, seeds, cfg.sim)
-    plot_study(per_run, controllers, seeds, cfg.sim, out_dir)
+    timer = step_timer(cfg, max(cfg.sampling.prompt_buckets) + cfg.sampling.max_new_tokens)
+    result = study(per_run, controllers, seeds, timer)
+    plot_study(per_run, controllers, seeds, timer, out_dir)
     write_tables(result, out_dir)
     return result
 
 
 def format_tables(result: dict) -> str:
     """The study as markdown: the per-controller table, then the paired differences."""
+    timed = result["timed"]
     text = (
         f"Mean over seeds ± 95% CI (Student t). Time to target: until held-out accuracy first "
-        f"reaches {result['target']:.3f} (90% of the best fixed G's mean final accuracy).\n\n"
-        + format_rows(result["rows"])
+        f"reaches {result['target']:.3f} (90% of the best fixed G's mean final accuracy). "
+        f"Modeled: the logged lengths re-timed as {timed} (sim section; rollouts synchronous, "
+        "or continuous batching).\n\n" + format_rows(result["rows"], timed=timed)
     )
     if result["paired"]:
         text += "\n\nPaired differences on the same seeds (± 95% CI; x: ratio of the means):\n\n"
-        text += format_paired(result["paired"])
+        text += format_paired(result["paired"], timed)
     if result["calibration"]:
         text += (
             "\n\nThe prompt-aware controllers' straggle prediction: the share of each step's "

@@ -22,10 +22,17 @@ from jax.sharding import AbstractMesh
 
 from sagc_jax.config import Config, ConfigError
 from sagc_jax.controller import make_controller
-from sagc_jax.models import Decoder, DecoderConfig
+from sagc_jax.models import PRESETS, Decoder, DecoderConfig, get_preset
 from sagc_jax.models import axes as ax
 from sagc_jax.parallel import BATCH_AXES, MESH_AXES, RULES, mesh_shape
-from sagc_jax.sim.roofline import HARDWARE, model_costs, rollout_seconds, update_seconds
+from sagc_jax.sim.roofline import (
+    HARDWARE,
+    Efficiency,
+    model_costs,
+    rollout_seconds,
+    update_seconds,
+)
+from sagc_jax.sim.steptime import StepTimer
 from sagc_jax.tasks import CharTokenizer
 from sagc_jax.train.loop import make_trainer_optimizer, prompts_for, update_settings
 from sagc_jax.train.packing import resolve_pack_len
@@ -74,6 +81,46 @@ def architecture(cfg: Config) -> tuple[DecoderConfig, str]:
         source += f" ({m.hf_checkpoint} not found)"
     synthetic = cfg.data.task == "synthetic"  # its character vocabulary
     return preset_architecture(cfg, CharTokenizer() if synthetic else None), source
+
+
+def timed_architecture(cfg: Config) -> tuple[DecoderConfig, str]:
+    """The model ``sim.model`` names, as the step-time model times it: a preset or an HF
+    checkpoint (its directory or config.json), in bfloat16; empty: the config's own model."""
+    name = cfg.sim.model
+    if not name:
+        arch, _ = architecture(cfg)
+        return arch, cfg.model.preset if not cfg.model.hf_checkpoint else cfg.model.hf_checkpoint
+    dtypes = {"param_dtype": "bfloat16", "compute_dtype": "bfloat16"}
+    if name in PRESETS:
+        return get_preset(name, **dtypes), name
+    path = Path(name)
+    path = path / "config.json" if path.is_dir() else path
+    if not path.is_file():
+        raise ConfigError(
+            f"sim.model = {name!r} is neither a model preset ({sorted(PRESETS)}) nor an HF "
+            "checkpoint directory or config.json"
+        )
+    try:
+        return DecoderConfig.from_hf_config(json.loads(path.read_text()), **dtypes), name
+    except (ValueError, KeyError, TypeError) as err:  # json.JSONDecodeError is a ValueError
+        raise ConfigError(f"sim.model: {path}: {err}") from None
+
+
+def step_timer(cfg: Config, padded_width: int) -> StepTimer:
+    """The step-time model of ``cfg.sim`` (``sim.steptime.StepTimer``) for the model of
+    ``timed_architecture``, with the config's update layout (``train.packing``; padded rows are
+    ``padded_width`` tokens) and ``train.epochs``."""
+    costs, name = None, ""
+    if cfg.sim.hardware != "custom":
+        arch, name = timed_architecture(cfg)
+        costs = model_costs(arch)
+    return StepTimer(
+        cfg.sim,
+        costs,
+        name,
+        padded_width=None if cfg.train.packing else padded_width,
+        epochs=cfg.train.epochs,
+    )
 
 
 def _shard_bytes(x, logical, mesh: AbstractMesh, rules=RULES) -> int:
@@ -251,14 +298,15 @@ def step_prediction(
     mean = min(cap, mean_new_tokens if mean_new_tokens is not None else max(1, cap // 2))
     lengths = np.full(rows, mean)
     lengths[0] = cap
+    eff, slots = Efficiency.of(cfg.sim), cfg.sim.slots * num_devices
     rollout = {
-        regime: rollout_seconds(costs, hw, lengths, prompt, num_devices, regime)
+        regime: rollout_seconds(costs, hw, lengths, prompt, num_devices, regime, slots, eff)
         for regime in ("synchronous", "continuous")
     }
     # the update's tokens: packed rows hold the real tokens, padded rows prompt + cap each
     width = prompt + (int(lengths.mean()) if cfg.train.packing else cap)
     tokens, context = rows * width, rows * width * (width + 1) / 2
-    update = update_seconds(costs, hw, tokens, context, num_devices, cfg.train.epochs)
+    update = update_seconds(costs, hw, tokens, context, num_devices, cfg.train.epochs, eff)
     return {
         "hardware": hw,
         "devices": num_devices,

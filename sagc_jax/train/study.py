@@ -1,9 +1,10 @@
 """Statistics of a controller study: the runs of ``sagc-jax compare`` over several seeds.
 
 Per run (``run_measures``): the last held-out accuracy; wall-clock (the steps' own time, without
-evaluations and checkpoints); the *modeled accelerator time*, the run's logged lengths put
-through the simulator's step-time model (``sim.steptime``, constants from the config's ``sim``
-section), because on a CPU the mix of decode and update time differs from an accelerator's; the
+evaluations and checkpoints); the *modeled accelerator time*, the run's logged lengths re-timed
+by the step-time model (``sim.steptime.StepTimer``: the config's ``sim`` section names the model,
+hardware and devices) with synchronous rollouts and with continuous batching, because on a CPU
+the mix of decode and update time differs from an accelerator's; the
 work done, independent of the machine (decode slots: rows x decode steps the sampler ran; update
 tokens: prompt + completion tokens trained on); time-to-accuracy, wall-clock and modeled, until
 held-out accuracy first reaches a target; the straggler rate; mean G and mean log2 G over every
@@ -22,9 +23,8 @@ import math
 
 import numpy as np
 
-from sagc_jax.config import SimConfig
 from sagc_jax.sim.report import PRICE_TITLE
-from sagc_jax.sim.steptime import step_seconds
+from sagc_jax.sim.steptime import REGIMES, StepTimer
 from sagc_jax.train.report import figure_writer
 
 # Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom (then the normal's).
@@ -37,13 +37,16 @@ _T_975 = (
 TARGET_FRACTION = 0.9  # time-to-accuracy: this share of the best fixed G's final accuracy
 LAST_STEPS = 10  # the "final" completion length: mean over this many last steps
 
-# (key, title, format) of the per-controller table, in order.
+# (key, title, format) of the per-controller table, in order; "{timed}" in a title is the step
+# timer's label (model and hardware).
 MEASURES = (
     ("accuracy", "final held-out accuracy", "{:.3f}"),
     ("wall_clock_s", "wall-clock (s)", "{:.0f}"),
-    ("modeled_s", "modeled time (s)", "{:.0f}"),
+    ("synchronous_s", "modeled s, {timed}, synchronous", "{:.1f}"),
+    ("continuous_s", "modeled s, {timed}, continuous", "{:.1f}"),
     ("tta_wall_s", "time to target, wall (s)", "{:.0f}"),
-    ("tta_modeled_s", "time to target, modeled (s)", "{:.0f}"),
+    ("tta_synchronous_s", "time to target, modeled s, synchronous", "{:.1f}"),
+    ("tta_continuous_s", "time to target, modeled s, continuous", "{:.1f}"),
     ("straggler_rate", "straggler rate", "{:.3f}"),
     ("mean_G", "mean G", "{:.2f}"),
     ("mean_log2_G", "mean log2 G", "{:.2f}"),
@@ -63,9 +66,11 @@ CALIBRATION = (
 PAIRED = (
     ("accuracy", "{:+.3f}"),
     ("wall_clock_s", "{:+.0f}"),
-    ("modeled_s", "{:+.0f}"),
+    ("synchronous_s", "{:+.1f}"),
+    ("continuous_s", "{:+.1f}"),
     ("tta_wall_s", "{:+.0f}"),
-    ("tta_modeled_s", "{:+.0f}"),
+    ("tta_synchronous_s", "{:+.1f}"),
+    ("tta_continuous_s", "{:+.1f}"),
     ("straggler_rate", "{:+.3f}"),
     ("mean_log2_G", "{:+.2f}"),
 )
@@ -105,14 +110,13 @@ def step_lengths(record: dict) -> np.ndarray:
     return np.concatenate([np.asarray(g, np.int64) for g in record["lengths"]])
 
 
-def modeled_step_seconds(steps: list[dict], sim: SimConfig) -> np.ndarray:
-    """float [steps]: each logged step's rollout + update seconds under the step-time model,
-    from its lengths (every sampling round) and mean prompt tokens per rollout."""
-    out = np.empty(len(steps))
-    for i, r in enumerate(steps):
-        rollout, update = step_seconds(step_lengths(r), int(r["prompt_tokens"]), sim)
-        out[i] = rollout + update
-    return out
+def modeled_step_seconds(steps: list[dict], timer: StepTimer) -> dict[str, np.ndarray]:
+    """Per rollout regime, float [steps]: each logged step's rollout + update seconds by
+    ``timer``, from its lengths (every sampling round) and mean prompt tokens per rollout."""
+    times = np.array(
+        [timer(step_lengths(r), int(r["prompt_tokens"])) for r in steps], float
+    ).reshape(len(steps), 3)
+    return {regime: times[:, i] + times[:, 2] for i, regime in enumerate(REGIMES)}
 
 
 def time_to_accuracy(steps: list[dict], evals: list[dict], step_s, target: float) -> float:
@@ -131,10 +135,10 @@ def eval_clock(steps: list[dict], evals: list[dict], step_s) -> np.ndarray:
     return clock[np.searchsorted(done, [int(r["step"]) for r in evals], side="right")]
 
 
-def run_measures(steps: list[dict], evals: list[dict], sim: SimConfig, target: float) -> dict:
+def run_measures(steps: list[dict], evals: list[dict], timer: StepTimer, target: float) -> dict:
     """The measures of one run (see the module docstring); ``target`` for time-to-accuracy."""
     wall = np.array([r["time/step_s"] for r in steps], float)
-    modeled = modeled_step_seconds(steps, sim)
+    modeled = modeled_step_seconds(steps, timer)
     lengths = [step_lengths(r) for r in steps]
     slots = sum(x.size * int(r["decode_steps"]) for x, r in zip(lengths, steps, strict=True))
     tokens = sum(
@@ -144,9 +148,12 @@ def run_measures(steps: list[dict], evals: list[dict], sim: SimConfig, target: f
     return {
         "accuracy": float(evals[-1]["eval/accuracy"]) if evals else math.nan,
         "wall_clock_s": float(wall.sum()),
-        "modeled_s": float(modeled.sum()),
+        **{f"{regime}_s": float(modeled[regime].sum()) for regime in REGIMES},
         "tta_wall_s": time_to_accuracy(steps, evals, wall, target),
-        "tta_modeled_s": time_to_accuracy(steps, evals, modeled, target),
+        **{
+            f"tta_{regime}_s": time_to_accuracy(steps, evals, modeled[regime], target)
+            for regime in REGIMES
+        },
         "straggler_rate": float(np.mean([r["controller/s_t"] for r in steps])),
         "mean_G": float(np.mean([r["group_size"] for r in steps])),
         "mean_log2_G": float(np.mean(log2_sizes)),
@@ -193,14 +200,14 @@ def _last_accuracy(evals: list[dict]) -> float:
     return float(evals[-1]["eval/accuracy"]) if evals else math.nan
 
 
-def study(per_run: dict, controllers: list[str], seeds: int, sim: SimConfig) -> dict:
+def study(per_run: dict, controllers: list[str], seeds: int, timer: StepTimer) -> dict:
     """Measures of every (controller, seed) run, per-controller rows (mean, CI) and paired rows.
 
     ``per_run[(controller, seed)]`` is ``(steps, evals)`` as ``report.read_metrics`` gives.
     """
     target = accuracy_target(per_run, controllers, seeds)
     measures = {
-        key: run_measures(*per_run[key], sim, target)
+        key: run_measures(*per_run[key], timer, target)
         for key in ((c, s) for c in controllers for s in range(seeds))
     }
     calibration = {
@@ -208,6 +215,7 @@ def study(per_run: dict, controllers: list[str], seeds: int, sim: SimConfig) -> 
     }
     return {
         "target": target,
+        "timed": timer.label,
         "runs": measures,
         "rows": [
             _summary_row(c, [measures[(c, s)] for s in range(seeds)], MEASURES) for c in controllers
@@ -268,11 +276,13 @@ def _cell(row: dict, key: str, fmt: str) -> str:
     return cell
 
 
-def format_rows(rows: list[dict], measures=MEASURES) -> str:
+def format_rows(rows: list[dict], measures=MEASURES, timed: str = "") -> str:
     """Markdown: per controller, the mean over seeds ± the 95% CI half-width of each of
-    ``measures`` (the study's, or ``CALIBRATION``)."""
+    ``measures`` (the study's, or ``CALIBRATION``); ``timed`` fills the modeled titles."""
     lines = [
-        "| controller | " + " | ".join(title for _, title, _ in measures) + " |",
+        "| controller | "
+        + " | ".join(title.format(timed=timed) for _, title, _ in measures)
+        + " |",
         "|" + " --- |" * (len(measures) + 1),
     ]
     for row in rows:
@@ -281,10 +291,10 @@ def format_rows(rows: list[dict], measures=MEASURES) -> str:
     return "\n".join(lines)
 
 
-def format_paired(rows: list[dict]) -> str:
+def format_paired(rows: list[dict], timed: str = "") -> str:
     """Markdown: paired differences (subject - other, same seeds), mean ± 95% CI, and for the
     times the ratio of the means."""
-    titles = {key: title for key, title, _ in MEASURES}
+    titles = {key: title.format(timed=timed) for key, title, _ in MEASURES}
     lines = [
         "| paired | " + " | ".join(f"Δ {titles[key]}" for key, _ in PAIRED) + " |",
         "|" + " --- |" * (len(PAIRED) + 1),
@@ -310,26 +320,22 @@ def _band(ax, x, runs_y, label):
         ax.fill_between(x, mean - half, mean + half, color=line.get_color(), alpha=0.2)
 
 
-def plot_study(per_run: dict, controllers: list[str], seeds: int, sim: SimConfig, out_dir):
+def plot_study(per_run: dict, controllers: list[str], seeds: int, timer: StepTimer, out_dir):
     """PNGs of the study (mean line and 95% CI band over seeds): held-out accuracy against
-    wall-clock and against modeled time, G and lambda over steps, the posterior mean per
-    candidate, the straggler rate and mean group max/median ratio over steps, and for prompt-aware
-    controllers their predicted against observed straggler rate per step."""
+    wall-clock and against modeled time (both rollout regimes), G and lambda over steps, the
+    posterior mean per candidate, the straggler rate and mean group max/median ratio over steps,
+    and for prompt-aware controllers their predicted against observed straggler rate per step."""
     plt, save, paths = figure_writer(out_dir)
 
     def common_steps(c):  # steps every seed logged (a run in progress may be shorter)
         return min(len(per_run[(c, s)][0]) for s in range(seeds))
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    clocks = {"wall-clock": lambda st: np.array([r["time/step_s"] for r in st])}
+    for regime in REGIMES:
+        clocks[regime] = lambda st, regime=regime: modeled_step_seconds(st, timer)[regime]
+    fig, axes = plt.subplots(1, len(clocks), figsize=(5 * len(clocks), 3.8))
     for c in controllers:
-        for ax, clock_of in zip(
-            axes,
-            (
-                lambda st: np.array([r["time/step_s"] for r in st]),
-                lambda st: modeled_step_seconds(st, sim),
-            ),
-            strict=True,
-        ):
+        for ax, clock_of in zip(axes, clocks.values(), strict=True):
             times, accs = [], []
             for s in range(seeds):
                 steps, evals = per_run[(c, s)]
@@ -338,7 +344,8 @@ def plot_study(per_run: dict, controllers: list[str], seeds: int, sim: SimConfig
             n = min(len(a) for a in accs)  # evaluations every seed reached
             _band(ax, np.mean([t[:n] for t in times], axis=0), [a[:n] for a in accs], c)
     axes[0].set(xlabel="wall-clock (s)", ylabel="held-out accuracy", title="Against wall-clock")
-    axes[1].set(xlabel="modeled accelerator time (s)", title="Against modeled time")
+    for ax, regime in zip(axes[1:], REGIMES, strict=True):
+        ax.set(xlabel=f"modeled seconds, {timer.label}", title=f"Against modeled time, {regime}")
     axes[0].legend(fontsize=8)
     save(fig, "accuracy_vs_time.png")
 
