@@ -151,9 +151,12 @@ class Sampler:
         heads), as the program allocates it for its first phase."""
         return self._constrain(init_cache(self.config, batch, slots))
 
-    def compile(self, state: nnx.State, batch: int, prompt_len: int, *, max_new_tokens: int):
+    def compile(
+        self, state: nnx.State, batch: int, prompt_len: int, *, max_new_tokens: int
+    ) -> jax.stages.Compiled:
         """Compiles the program for (batch, prompt_len, max_new_tokens) ahead of time, without
-        running it; the next call of that shape reuses the executable (no recompile)."""
+        running it; the next call of that shape reuses the executable (no recompile). Returns
+        it (``.as_text()``: its optimised HLO)."""
 
         # Shapes with the shardings a real call has (they are part of the cache key): an
         # uncommitted array (one device, no plan) has none, or the call compiles once more.
@@ -164,7 +167,7 @@ class Sampler:
             )
 
         rows = self.plan.rows if self.plan is not None else None
-        self._generate.lower(
+        return self._generate.lower(
             jax.tree.map(spec, state),
             jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32, sharding=rows),
             jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=rows),
