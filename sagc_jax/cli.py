@@ -124,7 +124,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             f"over {args.seeds} seeds (sim.seed and controller.sagc.seed + 0..{args.seeds - 1}, "
             "mean +- std; the last two columns paired against sagc):"
         )
-        print(format_seed_table(run_seeds(cfg, args.seeds, timer)))
+        print(format_seed_table(run_seeds(cfg, args.seeds, timer), timer.label))
     return 0
 
 

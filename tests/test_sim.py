@@ -303,11 +303,19 @@ def test_simulate_command_with_the_prompt_aware_controllers(tmp_path, capsys):
             f"logging.run_dir={out}",
             "--seeds",
             "2",
+            "--hardware",
+            "tpu-v5e",
+            "--devices",
+            "4",
+            "--as-model",
+            "llama-3.2-1b",
         ]
     )
     assert code == 0
     printed = capsys.readouterr().out
     assert "| hybrid |" in printed and "| hybrid:per_prompt |" in printed
     assert "over 2 seeds" in printed and "log2 G - sagc" in printed  # the multi-seed table
+    # both tables name the model, hardware and regime of their modeled hours
+    assert printed.count("modeled h, llama-3.2-1b on 4 x tpu-v5e, synchronous") == 2
     calibration = (out / "calibration.csv").read_text().splitlines()
     assert calibration[0].startswith("controller,bin_low") and len(calibration) == 1 + 2 * 10

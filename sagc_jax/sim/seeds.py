@@ -25,8 +25,8 @@ _MEASURES = (
     ("straggler_rate", "straggler rate", "{:.3f}"),
     ("mean_G", "mean G", "{:.2f}"),
     ("mean_log2_G", "mean log2 G", "{:.2f}"),
-    ("synchronous_h", "modeled h, synchronous", "{:.2f}"),
-    ("continuous_h", "modeled h, continuous", "{:.2f}"),
+    ("synchronous_h", "modeled h, {timed}, synchronous", "{:.2f}"),
+    ("continuous_h", "modeled h, {timed}, continuous", "{:.2f}"),
 )
 
 
@@ -51,10 +51,11 @@ def run_seeds(cfg: Config, seeds: int, timer: StepTimer) -> dict[str, dict[str, 
     return {name: {k: np.array(v) for k, v in per.items()} for name, per in out.items()}
 
 
-def format_seed_table(results: dict, reference: str = "sagc") -> str:
-    """Markdown: mean +- std per measure, then paired differences against ``reference``."""
+def format_seed_table(results: dict, timed: str, reference: str = "sagc") -> str:
+    """Markdown: mean +- std per measure, then paired differences against ``reference``;
+    ``timed`` (``StepTimer.label``) says what the modeled hours are of."""
     ref = results.get(reference)
-    cols = [title for _, title, _ in _MEASURES]
+    cols = [title.format(timed=timed) for _, title, _ in _MEASURES]
     if ref is not None:
         cols += [f"synchronous h - {reference}", f"log2 G - {reference}"]
     lines = ["| controller | " + " | ".join(cols) + " |", "|" + " --- |" * (len(cols) + 1)]

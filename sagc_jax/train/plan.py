@@ -321,6 +321,7 @@ def step_prediction(
         "update_tokens": tokens,
         "layout": "packed: real tokens" if cfg.train.packing else "padded: rows x width",
         "update_seconds": update,
+        "steps": cfg.train.steps,
     }
 
 
@@ -345,5 +346,14 @@ def format_step(pred: dict) -> str:
     lines.append(
         f"  update: {pred['update_seconds']:.2f} s ({pred['update_tokens']:,} tokens "
         f"({pred['layout']}), forward + backward at the assumed MFU)"
+    )
+    hours = {
+        regime: pred["steps"] * (r["seconds"] + pred["update_seconds"]) / 3600
+        for regime, r in pred["rollout"].items()
+    }
+    lines.append(
+        f"  {pred['steps']} steps (train.steps) at this G: {hours['synchronous']:.1f} h with "
+        f"synchronous rollouts, {hours['continuous']:.1f} h with continuous batching (one "
+        "sampling round a step; no evaluation or checkpoint time)"
     )
     return "\n".join(lines)
