@@ -114,6 +114,9 @@ def test_plan_predicts_a_step(capsys):
     out = capsys.readouterr().out
     assert "step on 8 x NVIDIA H100 SXM" in out and "fits in 80.0 GiB" in out
     assert "rollout, synchronous:" in out and "bound" in out and "update:" in out
+    assert "measured here before" not in out  # no run of ours on an H100 yet
+    assert main(["plan", "--config", config, "--hardware", "h200", "--devices", "1"]) == 0
+    assert "measured here before (2026-12-01, one H200" in capsys.readouterr().out
     assert main(["plan", "--config", config, "--hardware", "b300", "--devices", "8"]) == 2
     assert "--hardware 'b300' is not known" in capsys.readouterr().err
 

@@ -64,6 +64,20 @@ HARDWARE = {
     "tpu-v6e": Hardware("TPU v6e", 918e12, 1638e9, 32, "https://cloud.google.com/tpu/docs/v6e"),
 }
 
+# What this project's own programs reached on a chip (benchmarks/device_check.sh; details in
+# BENCHMARKS.md): (date, machine, what was measured). Not used as the default efficiencies:
+# none was taken at real RL sizes, and the sampler's is far from the limit the defaults assume.
+MEASURED = {
+    "h200": (
+        (
+            "2026-12-01",
+            "one H200, jax 0.11.2",
+            "qwen2.5-0.5b, 128 rows of <= 256 new tokens: rollouts 10,298 tok/s; update MFU "
+            "14.25% packed on 4,352 tokens a step",
+        ),
+    ),
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class Efficiency:

@@ -27,6 +27,7 @@ from sagc_jax.models import axes as ax
 from sagc_jax.parallel import BATCH_AXES, MESH_AXES, RULES, mesh_shape
 from sagc_jax.sim.roofline import (
     HARDWARE,
+    MEASURED,
     Efficiency,
     model_costs,
     rollout_seconds,
@@ -309,6 +310,7 @@ def step_prediction(
     update = update_seconds(costs, hw, tokens, context, num_devices, cfg.train.epochs, eff)
     return {
         "hardware": hw,
+        "hardware_key": hardware,
         "devices": num_devices,
         "costs": costs,
         "group_size": g,
@@ -338,6 +340,8 @@ def format_step(pred: dict) -> str:
         f"tokens, one completion of {pred['cap']} tokens and the others {pred['mean']} "
         f"(--mean-new-tokens)",
     ]
+    for date, machine, what in MEASURED.get(pred["hardware_key"], ()):
+        lines.append(f"  measured here before ({date}, {machine}): {what}")
     for regime, r in pred["rollout"].items():
         lines.append(
             f"  rollout, {regime}: {r['seconds']:.2f} s ({r['decode_steps']} decode steps, "
