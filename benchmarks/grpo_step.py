@@ -73,6 +73,8 @@ import tempfile
 import time
 import warnings
 
+from tunix_peer import TUNIX_ROPE_THETA
+
 PROMPT_LEN = 16
 VOCAB, PAD, BOS, EOS = 512, 0, 1, 2
 LEARNING_RATE, EPS = 1e-6, 0.2
@@ -128,6 +130,13 @@ def _parse():
         "--threads", type=int, default=0, help="torch intra-op threads (default: usable cores)"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--peer",
+        choices=("trl", "tunix"),
+        default="trl",
+        help="trl: TRL's GRPOTrainer (torch, extra 'bench'); tunix: Tunix's GRPOLearner (JAX, "
+        "extra 'tunix'), on a model with rope theta 1e6 (what Tunix 0.1.7's Llama 3 applies)",
+    )
     parser.add_argument(
         "--mesh-data", type=int, default=1, help="sagc-jax on N host devices, data parallel"
     )
@@ -254,6 +263,7 @@ def build_models(args, checkpoint_dir: str):
             head_dim=32,
             tie_word_embeddings=True,
             max_position_embeddings=max(512, PROMPT_LEN + args.max_new_tokens),
+            rope_theta=TUNIX_ROPE_THETA if args.peer == "tunix" else 10_000.0,
             bos_token_id=BOS,
             eos_token_id=EOS,
             pad_token_id=PAD,
@@ -525,6 +535,46 @@ def run_trl(model, prompts_pt, args) -> tuple[Timing, float]:
     return timing, sum(step_s[: args.warmup])
 
 
+def load_tunix(jax_model, cfg, checkpoint_dir, seed: int):
+    """Tunix's Llama 3 from the checkpoint sagc_jax loaded, checked to give the same logits."""
+    import numpy as np
+    import tunix_peer
+
+    model = tunix_peer.tunix_model(checkpoint_dir, cfg)
+    probe = np.random.RandomState(seed + 1).randint(3, VOCAB, (2, PROMPT_LEN + 16))
+    diff = tunix_peer.check_same_logits(jax_model, model, probe)
+    print(f"tunix model: the same logits as sagc-jax's to {diff:.1e} (max abs, 2 x 32 tokens)")
+    return model
+
+
+def run_tunix(model, prompts_pt, args) -> tuple[Timing, float, list]:
+    """(timed steps, warm-up seconds, per timed step (rollout s, update s)) of Tunix's
+    GRPOLearner with its vanilla rollout."""
+    import tunix_peer
+
+    record = tunix_peer.run_grpo(
+        model,
+        prompts_pt,
+        group=args.group,
+        new_tokens=args.max_new_tokens,
+        eos_ids=() if args.workload == "forced" else (EOS,),
+        steps=args.steps,
+        warmup=args.warmup,
+        reward=reward_b,
+        lr=LEARNING_RATE,
+        eps=EPS,
+    )
+    if args.workload == "forced":
+        assert min(min(s) for s in record["lengths"]) == args.max_new_tokens, record["lengths"]
+    timed = slice(args.warmup, None)
+    lengths = record["lengths"][timed]
+    timing = Timing(
+        record["step"][timed], [sum(s) for s in lengths], [n for s in lengths for n in s]
+    )
+    split = list(zip(record["rollout"][timed], record["update"][timed], strict=True))
+    return timing, sum(record["step"][: args.warmup]), split
+
+
 def _lengths_summary(name: str, timing: Timing, cap: int) -> str:
     import numpy as np
 
@@ -533,6 +583,22 @@ def _lengths_summary(name: str, timing: Timing, cap: int) -> str:
         f"{name} completion lengths ({len(x)} timed): mean {x.mean():.1f}, median "
         f"{np.median(x):.0f}, p90 {np.percentile(x, 90):.0f}, max {x.max()}, at the cap "
         f"{np.mean(x == cap):.1%}"
+    )
+
+
+def _versions(peer: str) -> str:
+    if peer == "tunix":
+        import flax
+        import tunix
+
+        return f"tunix {tunix.__version__} | flax {flax.__version__}"
+    import torch
+    import transformers
+    import trl
+
+    return (
+        f"torch {torch.__version__} | transformers {transformers.__version__} | trl "
+        f"{trl.__version__}"
     )
 
 
@@ -550,7 +616,6 @@ def main() -> None:
     import numpy as np
     import torch
     import transformers
-    import trl
 
     torch.set_num_threads(threads)
     transformers.logging.set_verbosity_error()
@@ -560,29 +625,41 @@ def main() -> None:
 
     print(
         f"jax {jax.__version__} ({jax.devices()[0].platform}, {jax.device_count()} devices) | "
-        f"torch {torch.__version__} set_num_threads({threads}) | transformers "
-        f"{transformers.__version__} | trl {trl.__version__} | {cores} usable cores, "
+        f"{_versions(args.peer)} | torch set_num_threads({threads}) | {cores} usable cores, "
         f"load {os.getloadavg()[0]:.2f}"
     )
     with tempfile.TemporaryDirectory() as checkpoint_dir:
         torch_model, jax_model, cfg, note = build_models(args, checkpoint_dir)
+        if args.peer == "tunix":  # before anything is timed: the same weights, the same logits
+            tunix_model = load_tunix(jax_model, cfg, checkpoint_dir, args.seed)
     print(f"workload {args.workload}: {note}")
     sys.stdout.flush()
     sagc, compile_s = run_sagc(jax_model, cfg, prompts_pt, args)
     print(f"sagc-jax steps (s): {_fmt(sagc.step_s)}")
     print(_lengths_summary("sagc-jax", sagc, args.max_new_tokens))
     sys.stdout.flush()
-    theirs, trl_warm = run_trl(torch_model, prompts_pt, args)
-    print(f"trl steps (s): {_fmt(theirs.step_s)} (first {args.warmup} untimed: {trl_warm:.2f} s)")
-    print(_lengths_summary("trl", theirs, args.max_new_tokens))
+    if args.peer == "tunix":
+        theirs, warm_s, split = run_tunix(tunix_model, prompts_pt, args)
+        print(
+            f"tunix steps (s): {_fmt(theirs.step_s)} (first {args.warmup} untimed, compiling: "
+            f"{warm_s:.2f} s)"
+        )
+        print(
+            "tunix rollout / update part of each timed step (s): "
+            + " ".join(f"{r:.2f}/{u:.2f}" for r, u in split)
+        )
+    else:
+        theirs, warm_s = run_trl(torch_model, prompts_pt, args)
+        print(f"trl steps (s): {_fmt(theirs.step_s)} (first {args.warmup} untimed: {warm_s:.2f} s)")
+    print(_lengths_summary(args.peer, theirs, args.max_new_tokens))
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     layout = "packed" if args.packing else "padded"
     print(
         f"grpo step ({args.workload}, {args.prompts}x{args.group}, max {args.max_new_tokens} new "
         f"tokens, 4L/256d, {layout} update): sagc-jax {sagc.tokens_per_s:,.0f} tok/s (step "
         f"{sagc.mean_step_s:.2f} s, mean length {sagc.mean_length:.1f}, compile {compile_s:.1f} s)"
-        f" | trl {theirs.tokens_per_s:,.0f} tok/s (step {theirs.mean_step_s:.2f} s, mean length "
-        f"{theirs.mean_length:.1f}) | ratio {sagc.tokens_per_s / theirs.tokens_per_s:.2f}x"
+        f" | {args.peer} {theirs.tokens_per_s:,.0f} tok/s (step {theirs.mean_step_s:.2f} s, mean "
+        f"length {theirs.mean_length:.1f}) | ratio {sagc.tokens_per_s / theirs.tokens_per_s:.2f}x"
     )
 
 
