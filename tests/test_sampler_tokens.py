@@ -3,12 +3,14 @@
 keys and settings (tiny preset, weights from nnx.Rngs(0), 12 new tokens)."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 from sagc_jax.models import Decoder, get_preset
 from sagc_jax.sampling import Sampler, left_pad
+from sagc_jax.sampling.functions import first_argmax
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [20], [300, 301, 302, 303, 4]]
 MAX_NEW = 12
@@ -131,3 +133,16 @@ def test_early_exit_is_pinned(model_state, chunk):
     np.testing.assert_array_equal(out.lengths_b, lengths_b)
     np.testing.assert_allclose(out.logprobs_bt.sum(1), ALL_END_LOGPROB_SUMS, atol=2e-3)
     assert int(out.num_decode_steps) == 4 and not out.truncated_b.any()
+
+
+def test_first_argmax_is_argmax():
+    """Ties (the first wins), infinities, NaN (the first NaN wins) and all -inf rows."""
+    rng = np.random.RandomState(0)
+    x_bv = rng.randint(0, 4, (400, 7)).astype(np.float32)
+    for value in (np.nan, np.inf, -np.inf):
+        x_bv[rng.rand(*x_bv.shape) < 0.1] = value
+    x_bv[0], x_bv[1] = -np.inf, np.nan
+    np.testing.assert_array_equal(first_argmax(jnp.asarray(x_bv)), np.argmax(x_bv, axis=-1))
+    np.testing.assert_array_equal(
+        first_argmax(jnp.asarray(x_bv)), jnp.argmax(jnp.asarray(x_bv), axis=-1)
+    )

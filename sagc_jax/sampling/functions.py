@@ -42,9 +42,20 @@ def _inverse_cdf_sample(key: jax.Array, logits_bv: jax.Array) -> jax.Array:
     # Index of the first cdf entry above u; capped at the last token of nonzero probability
     # in case rounding puts u at the very top.
     token_b = jnp.sum(cdf_bv <= u_b1, axis=-1)
-    vocab = logits_bv.shape[-1]
-    last_b = vocab - 1 - jnp.argmax((probs_bv > 0)[:, ::-1], axis=-1)
+    vocab_v = jnp.arange(logits_bv.shape[-1])
+    last_b = jnp.max(jnp.where(probs_bv > 0, vocab_v, -1), axis=-1)
+    last_b = jnp.where(last_b < 0, vocab_v[-1], last_b)  # none above 0: what argmax gave
     return jnp.minimum(token_b, last_b)
+
+
+def first_argmax(x_bv: jax.Array) -> jax.Array:
+    """``jnp.argmax(x_bv, axis=-1)`` (the first maximum, or the first NaN) as two plain
+    reductions: XLA:CPU runs argmax's variadic (value, index) reduction about 10x slower
+    (0.58 ms of a 4.2 ms decode step at B = 256, V = 512)."""
+    vocab_v = jnp.arange(x_bv.shape[-1])
+    top_b1 = jnp.max(x_bv, axis=-1, keepdims=True)  # NaN if the row has one
+    hit_bv = (x_bv == top_b1) | jnp.isnan(x_bv)
+    return jnp.min(jnp.where(hit_bv, vocab_v, x_bv.shape[-1]), axis=-1)
 
 
 def sample_token(
@@ -72,6 +83,6 @@ def sample_token(
         scaled_bv,
     )
     sampled_b = _inverse_cdf_sample(key, filtered_bv)
-    token_b = jnp.where(greedy, jnp.argmax(logits_bv, axis=-1), sampled_b).astype(jnp.int32)
+    token_b = jnp.where(greedy, first_argmax(logits_bv), sampled_b).astype(jnp.int32)
     logprob_b = jnp.take_along_axis(logprobs_bv, token_b[:, None], axis=-1)[:, 0]
     return token_b, logprob_b

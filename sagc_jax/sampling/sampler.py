@@ -49,6 +49,15 @@ class SampleOutput(NamedTuple):
     num_decode_steps: jax.Array
 
 
+def _setting(value, dtype):
+    """A sampling setting as the program takes it: a jax array as it is (cast if needed), a
+    number as a numpy scalar, which the call transfers with its arguments (``jnp.asarray`` of a
+    Python number runs a conversion program of its own: three per call)."""
+    if isinstance(value, jax.Array):
+        return jnp.asarray(value, dtype)
+    return np.asarray(value, dtype)
+
+
 class _Loop(NamedTuple):
     """Decode-loop state carried across phases (the cache, whose size changes, travels apart)."""
 
@@ -211,15 +220,17 @@ class Sampler:
                 (np.asarray(prompt_ids_bt, np.int32), start_b)
             )
         else:
-            prompt_ids_bt, start_b = jnp.asarray(prompt_ids_bt, jnp.int32), jnp.asarray(start_b)
+            # with a dtype: a plain transfer (without one, jnp.asarray runs a program)
+            prompt_ids_bt = jnp.asarray(prompt_ids_bt, jnp.int32)
+            start_b = jnp.asarray(start_b, jnp.int32)
         return self._generate(
             state,
             prompt_ids_bt,
             start_b,
             key,
-            jnp.asarray(temperature, jnp.float32),
-            jnp.asarray(top_p, jnp.float32),
-            jnp.asarray(top_k, jnp.int32),
+            _setting(temperature, np.float32),
+            _setting(top_p, np.float32),
+            _setting(top_k, np.int32),
             max_new_tokens,
         )
 
