@@ -20,10 +20,13 @@ generate every token (``eos_ids=()``), B random prompts of ``--prompt-len`` toke
   program's HLO instructions; on a GPU, the kernels and copies on its streams). Per step is
   the difference of the two calls over the step difference (0 programs and 0 transfers per
   step: the decode loop is ``while`` loops inside one program). From the compiled program:
-  its ``while`` loops and host callbacks / infeed / outfeed / send / recv (host round trips).
+  its ``while`` loops and ``conditional`` ops, and host callbacks / infeed / outfeed / send /
+  recv. On a GPU, XLA copies a ``while`` loop's predicate (and a ``conditional``'s branch
+  index) to the host every time it runs unless the loop is lowered into a CUDA graph (command
+  buffer): the trace's device-to-host copies on the GPU's streams, per step, show which.
 
     .venv/bin/python benchmarks/decode_profile.py [--preset tiny] [--batches 64,256,1024]
-    python benchmarks/decode_profile.py --hardware h200 --preset qwen2.5-0.5b --batches 256
+    python benchmarks/decode_profile.py --hardware h200 --preset tiny,qwen2.5-0.5b --batches 256
 
 Runs in well under a minute on a 2-core CPU with the defaults; not part of ``make test``.
 """
@@ -49,11 +52,12 @@ from sagc_jax.sampling import Sampler
 from sagc_jax.sim.roofline import decode_step, model_costs
 
 _HOST_ROUND_TRIPS = re.compile(r"\b(infeed|outfeed|send|recv|send-done|recv-done)\(|callback")
+_DEVICE_TO_HOST = re.compile(r"d(evice)?\s*to\s*h(ost)?\b|dtoh|d2h", re.IGNORECASE)
 
 
 def _parse():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--preset", default="tiny", help="a preset or a comma-separated list")
     parser.add_argument("--batches", default="64,256,1024", help="comma-separated row counts")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--short-tokens", type=int, default=8, help="the call subtracted")
@@ -124,67 +128,79 @@ def _trace_counts(fn, hlo_text: str) -> dict:
         "h2d": sum(e["name"] in ("DevicePut", "DevicePutWithSharding") for e in spans),
         "d2h": sum("copy_to_host" in e["name"] for e in spans),
         "ops": ops,
+        "device_d2h": sum(
+            e["pid"] in devices and bool(_DEVICE_TO_HOST.search(e["name"])) for e in spans
+        ),
     }
+
+
+def _counts_line(sampler, state, ids_bt, lens_b, text: dict, short: int, new: int) -> str:
+    """Programs, transfers and device ops per step and per call, and the HLO's control flow."""
+    key = jax.random.key(9)
+    counts = {
+        n: _trace_counts(partial(_call, sampler, state, ids_bt, lens_b, key, n), text[n])
+        for n in (short, new)
+    }
+    per_step = {k: (counts[new][k] - counts[short][k]) / (new - short) for k in counts[new]}
+    loops = len(re.findall(r"\swhile\(", text[new]))
+    conds = len(re.findall(r"\sconditional\(", text[new]))
+    trips = len(_HOST_ROUND_TRIPS.findall(text[new]))
+    c = counts[new]
+    return (
+        f"per step: {per_step['programs']:g} programs, "
+        f"{per_step['h2d'] + per_step['d2h']:g} transfers, {per_step['ops']:.0f} device ops, "
+        f"{per_step['device_d2h']:g} device-to-host copies | per call: {c['programs']} programs, "
+        f"{c['h2d']} h2d + {c['d2h']} d2h transfers, {c['ops']} device ops; HLO: {loops} while, "
+        f"{conds} conditional, {trips} callbacks/feeds"
+    )
+
+
+def profile_batch(cfg, graphdef, state, batch: int, args, hw, eff) -> str:
+    """The comparable line of one batch size (see the module docstring)."""
+    costs = model_costs(cfg)
+    new, short, width = args.new_tokens, args.short_tokens, args.prompt_len
+    ids_bt = np.random.RandomState(batch).randint(3, cfg.vocab_size, (batch, width))
+    ids_bt = ids_bt.astype(np.int32)
+    lens_b = np.full((batch,), width, np.int32)
+    sampler = Sampler(graphdef, cfg, eos_ids=(), pad_id=0, decode_chunk=args.decode_chunk)
+    # compiled ahead (the calls run these executables): their HLO for the census
+    text = {
+        n: sampler.compile(state, batch, width, max_new_tokens=n).as_text() for n in (short, new)
+    }
+    seconds = {
+        n: _best_call_seconds(sampler, state, ids_bt, lens_b, n, args.repeats) for n in (short, new)
+    }
+    step_s = (seconds[new] - seconds[short]) / (new - short)
+    predicted = [
+        decode_step(costs, hw, batch, batch * (width + s), eff=eff) for s in range(short, new)
+    ]
+    roof_s = float(np.mean([p[0] for p in predicted]))
+    line = (
+        f"B={batch} prompt={width} new={new} (minus {short}): {step_s * 1e3:.3f} ms/step "
+        f"({batch / step_s:,.0f} tok/s) | roofline {roof_s * 1e3:.3f} ms/step "
+        f"({predicted[len(predicted) // 2][1]}) | measured/roofline {step_s / roof_s:.1f}x"
+    )
+    if not args.no_trace:
+        line += " | " + _counts_line(sampler, state, ids_bt, lens_b, text, short, new)
+    assert sampler.compiled_programs() == 2, sampler.compiled_programs()  # no recompiles
+    return line
 
 
 def main() -> None:
     args = _parse()
-    backend = jax.default_backend()
-    dtype = args.dtype or ("float32" if backend == "cpu" else "bfloat16")
-    cfg = get_preset(args.preset, param_dtype=dtype, compute_dtype=dtype)
+    dtype = args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
     hw, eff = roofline_hardware(args.hardware)
-    costs = model_costs(cfg)
-    print(
-        f"decode_profile: {args.preset} ({costs.params / 1e6:.2f}M params, {dtype}), "
-        f"{jax.devices()[0].device_kind} x {jax.device_count()}, jax {jax.__version__}"
-    )
+    device = jax.devices()[0].device_kind
+    print(f"decode_profile: {device} x {jax.device_count()}, jax {jax.__version__}")
     print(describe(hw, eff), flush=True)
-    graphdef, state = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
-    new, short, width = args.new_tokens, args.short_tokens, args.prompt_len
-    rng = np.random.RandomState(0)
-    for batch in (int(b) for b in args.batches.split(",")):
-        start = time.perf_counter()
-        ids_bt = rng.randint(3, cfg.vocab_size, (batch, width)).astype(np.int32)
-        lens_b = np.full((batch,), width, np.int32)
-        sampler = Sampler(graphdef, cfg, eos_ids=(), pad_id=0, decode_chunk=args.decode_chunk)
-        # compiled ahead (the calls run these executables): their HLO for the census below
-        text = {
-            n: sampler.compile(state, batch, width, max_new_tokens=n).as_text()
-            for n in (short, new)
-        }
-        seconds = {
-            n: _best_call_seconds(sampler, state, ids_bt, lens_b, n, args.repeats)
-            for n in (short, new)
-        }
-        step_s = (seconds[new] - seconds[short]) / (new - short)
-        predicted = [
-            decode_step(costs, hw, batch, batch * (width + s), eff=eff) for s in range(short, new)
-        ]
-        roof_s = float(np.mean([p[0] for p in predicted]))
-        limit = predicted[len(predicted) // 2][1]
-        line = (
-            f"B={batch} prompt={width} new={new} (minus {short}): {step_s * 1e3:.3f} ms/step "
-            f"({batch / step_s:,.0f} tok/s) | roofline {roof_s * 1e3:.3f} ms/step ({limit}) | "
-            f"measured/roofline {step_s / roof_s:.1f}x"
-        )
-        if not args.no_trace:
-            key = jax.random.key(9)
-            counts = {
-                n: _trace_counts(partial(_call, sampler, state, ids_bt, lens_b, key, n), text[n])
-                for n in (short, new)
-            }
-            per_step = {k: (counts[new][k] - counts[short][k]) / (new - short) for k in counts[new]}
-            loops = len(re.findall(r"\swhile\(", text[new]))
-            trips = len(_HOST_ROUND_TRIPS.findall(text[new]))
-            c = counts[new]
-            line += (
-                f" | per step: {per_step['programs']:g} programs, "
-                f"{per_step['h2d'] + per_step['d2h']:g} transfers, {per_step['ops']:.0f} device ops"
-                f" | per call: {c['programs']} programs, {c['h2d']} h2d + {c['d2h']} d2h transfers,"
-                f" {c['ops']} device ops; {loops} while loops, {trips} host round trips in HLO"
-            )
-        print(line + f" | {time.perf_counter() - start:.1f} s", flush=True)
-    assert sampler.compiled_programs() == 2, sampler.compiled_programs()
+    for preset in args.preset.split(","):
+        cfg = get_preset(preset, param_dtype=dtype, compute_dtype=dtype)
+        print(f"{preset}: {model_costs(cfg).params / 1e6:.2f}M params, {dtype}", flush=True)
+        graphdef, state = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
+        for batch in (int(b) for b in args.batches.split(",")):
+            start = time.perf_counter()
+            line = profile_batch(cfg, graphdef, state, batch, args, hw, eff)
+            print(f"{preset} {line} | {time.perf_counter() - start:.1f} s", flush=True)
 
 
 if __name__ == "__main__":

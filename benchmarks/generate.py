@@ -13,6 +13,12 @@ these small ops on one thread, so JAX gets `threads` host devices
 cores when the machine has more. `--decode-chunk` is `sampling.decode_chunk` (0: every decode
 step attends over the whole cache).
 
+Beside the measured figure: the roofline's tokens per second for the same shapes (prefill and
+synchronous decode of B rows to the full length, `sim.roofline.rollout_seconds`) on the host
+measured by `host_roofline.py` (no derating; the host counts as one chip whatever the number of
+JAX host devices), or on `--hardware PRESET` on an accelerator, and the ratio of the measured
+time to the roofline's.
+
     .venv/bin/python benchmarks/generate.py [--threads 2] [--repeats 3] [--decode-chunk auto]
 """
 
@@ -41,6 +47,7 @@ def _parse():
         default="auto",
         help="cache slots per decode phase (sampling.decode_chunk); 0: one phase",
     )
+    parser.add_argument("--hardware", default=None, help="roofline preset (default: measure)")
     return parser.parse_args()
 
 
@@ -61,12 +68,14 @@ def main() -> None:
     import torch
     import transformers
     from flax import nnx
+    from host_roofline import roofline_hardware
 
     from sagc_jax.config import MeshConfig
     from sagc_jax.models import load_hf_checkpoint, num_params
     from sagc_jax.parallel import ShardingPlan
     from sagc_jax.sampling import Sampler
     from sagc_jax.sampling.sampler import phase_slots, resolve_chunk
+    from sagc_jax.sim.roofline import model_costs, rollout_seconds
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -132,6 +141,10 @@ def main() -> None:
     chunk = resolve_chunk(args.new_tokens, args.decode_chunk)
     jax_tps = total_new / min(jax_times)
     compile_s = first_call - min(jax_times)
+    hw, eff = roofline_hardware(args.hardware)
+    lengths_b = np.full(args.batch, args.new_tokens)
+    roofline = rollout_seconds(model_costs(cfg), hw, lengths_b, args.prompt_len, eff=eff)
+    roofline_tps = total_new / roofline["seconds"]
 
     # ---- transformers: min_new_tokens = max_new_tokens and no eos, so all rows run to the end.
     input_ids = torch.as_tensor(prompts_bt, dtype=torch.long)
@@ -159,7 +172,10 @@ def main() -> None:
 
     print(
         f"generate B={args.batch} prompt={args.prompt_len} new={args.new_tokens} "
-        f"params={num_params(state) / 1e6:.2f}M: sagc_jax {jax_tps:,.0f} tok/s | "
+        f"params={num_params(state) / 1e6:.2f}M: sagc_jax {jax_tps:,.0f} tok/s (roofline "
+        f"{roofline_tps:,.0f} tok/s, {roofline['limit']}, on {hw.name} at "
+        f"{hw.peak_flops / 1e9:,.0f} GFLOP/s, {hw.hbm_bandwidth / 1e9:,.0f} GB/s: measured time "
+        f"{roofline_tps / jax_tps:.1f}x the roofline's) | "
         f"transformers {hf_tps:,.0f} tok/s (torch {torch.__version__}, "
         f"set_num_threads({args.threads}), {len(os.sched_getaffinity(0))} cores) | "
         f"ratio {jax_tps / hf_tps:.2f}x | jax compile {compile_s:.1f} s "

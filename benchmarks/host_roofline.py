@@ -35,8 +35,9 @@ def _best_seconds(fn, *args, repeats: int) -> float:
     return best
 
 
-def measure_host(matmul_size: int = 2048, read_mib: int = 256, repeats: int = 3) -> Hardware:
-    """This host as a ``Hardware``, from the micro-benchmarks above (about 2 s on 2 cores)."""
+def measure_host(matmul_size: int = 2048, read_mib: int = 256, repeats: int = 10) -> Hardware:
+    """This host as a ``Hardware``, from the micro-benchmarks above (about 3 s on 2 cores; the
+    best of ``repeats`` runs each, as other work on the machine only slows them)."""
     import jax
     import jax.numpy as jnp
 
