@@ -7,10 +7,10 @@ Tunix's registered GRPO policy loss (DAPO uses the same one) runs unmodified: on
 ``tunix.rl.common.compute_per_token_logps``, which it calls for the current log-probs, is
 replaced by a function that returns the test's array, so no model is needed.
 
-Skipped without Tunix (it is not a dependency of the project). The measured differences print
-with ``-s``:
+Skipped without Tunix (the optional extra ``tunix``: ``pip install -e '.[dev,tunix]'``). The
+measured differences print with ``-s``:
 
-    /tmp/tunix-lab/venv/bin/python -m pytest -q -s tests/test_tunix_conventions.py
+    .venv/bin/python -m pytest -q -s tests/test_tunix_conventions.py
 """
 
 from importlib import metadata
