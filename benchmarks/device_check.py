@@ -7,9 +7,11 @@ compiled nothing new.
 Default workload (issue #20): 64 prompts x G = 8 = 512 rollouts per step of 1,024 new tokens,
 forced to full length (the policy's sampler is replaced by one with no end token, as random
 weights end their completions after a few tokens; ``--stop-at-eos`` keeps the task's end
-token), so the packed update trains on 512 x (prompt + 1,024) real tokens, over 500k. The
-update runs in ``--microbatches`` gradient-accumulation chunks (8: about 70k tokens each, what
-the 0.5B preset's activations allow on one 141 GB H200 without remat).
+token), so the packed update trains on 512 x (prompt + 1,024) real tokens, over 500k. Prompt
+buckets are 'auto' (the task's prompts are under 32 tokens), so a packed row holds one rollout
+(not 4096 + 1,024 tokens of mostly masked attention). The update runs in ``--microbatches``
+gradient-accumulation chunks (8: about 70k tokens each, what the 0.5B preset's activations
+allow on one 141 GB H200 without remat, by estimate).
 
 Roofline (``sim/roofline.py``, ``--hardware``, default h200 with its default efficiencies; on
 a CPU the host measured by ``host_roofline.py``): the rollout's predicted seconds for the same
@@ -59,6 +61,7 @@ def run(preset: str, packing: bool, args, hw, eff) -> dict:
         "model.param_dtype=bfloat16",
         "model.compute_dtype=bfloat16",
         f"sampling.max_new_tokens={args.max_new_tokens}",
+        "sampling.prompt_buckets=auto",  # packed rows of the longest prompt + max_new_tokens
         f"train.prompts_per_step={args.prompts}",
         "controller.kind=fixed",
         f"controller.group_size={args.group_size}",
