@@ -24,6 +24,8 @@ generate every token (``eos_ids=()``), B random prompts of ``--prompt-len`` toke
   recv. On a GPU, XLA copies a ``while`` loop's predicate (and a ``conditional``'s branch
   index) to the host every time it runs unless the loop is lowered into a CUDA graph (command
   buffer): the trace's device-to-host copies on the GPU's streams, per step, show which.
+  ``--top N`` lists the N device ops that took the most time in the `new` call, in
+  microseconds per decode step, with the jax operation each comes from.
 
     .venv/bin/python benchmarks/decode_profile.py [--preset tiny] [--batches 64,256,1024]
     python benchmarks/decode_profile.py --hardware h200 --preset tiny,qwen2.5-0.5b --batches 256
@@ -34,6 +36,7 @@ Runs in well under a minute on a 2-core CPU with the defaults; not part of ``mak
 from __future__ import annotations
 
 import argparse
+import collections
 import glob
 import gzip
 import json
@@ -52,6 +55,7 @@ from sagc_jax.sampling import Sampler
 from sagc_jax.sim.roofline import decode_step, model_costs
 
 _HOST_ROUND_TRIPS = re.compile(r"\b(infeed|outfeed|send|recv|send-done|recv-done)\(|callback")
+_CONTROL_FLOW = re.compile(r"(while|cond|conditional|call)\b")
 _DEVICE_TO_HOST = re.compile(r"d(evice)?\s*to\s*h(ost)?\b|dtoh|d2h", re.IGNORECASE)
 
 
@@ -74,6 +78,9 @@ def _parse():
         help="sampling.decode_chunk (0: one phase over the whole cache)",
     )
     parser.add_argument("--no-trace", action="store_true", help="skip the launch counts")
+    parser.add_argument(
+        "--top", type=int, default=0, help="also list the N slowest device ops (from the trace)"
+    )
     args = parser.parse_args()
     if not 1 <= args.short_tokens < args.new_tokens:
         parser.error(f"need 1 <= --short-tokens < --new-tokens, got {args.short_tokens}")
@@ -98,9 +105,22 @@ def _best_call_seconds(sampler, state, ids_bt, lens_b, new: int, repeats: int) -
     return best
 
 
+def _op_names(hlo_text: str) -> dict[str, str]:
+    """Instruction name ('.' as '_', as kernels are named) -> its jax op_name metadata."""
+    names = {}
+    for line in hlo_text.splitlines():
+        m = re.match(r"\s*(?:ROOT )?%(\S+) =", line)
+        if m:
+            meta = re.search(r'op_name="([^"]+)"', line)
+            op_name = meta.group(1).replace("jit(_generate_impl)/", "") if meta else ""
+            names[m.group(1).replace(".", "_")] = op_name
+    return names
+
+
 def _trace_counts(fn, hlo_text: str) -> dict:
-    """Programs, transfers and device ops of one ``fn()`` from a profiler trace."""
-    names = {m.replace(".", "_") for m in re.findall(r"^\s*(?:ROOT )?%(\S+) =", hlo_text, re.M)}
+    """Programs, transfers and device ops of one ``fn()`` from a profiler trace, and the
+    device ops' total microseconds by name (``op_us``)."""
+    names = _op_names(hlo_text)
     with tempfile.TemporaryDirectory() as log_dir:
         options = jax.profiler.ProfileOptions()
         options.python_tracer_level = 0
@@ -120,38 +140,51 @@ def _trace_counts(fn, hlo_text: str) -> dict:
     }
     spans = [e for e in events if e.get("ph") == "X"]
     if devices:  # GPU/TPU: what ran on the device's streams
-        ops = sum(e["pid"] in devices for e in spans)
+        op_spans = [e for e in spans if e["pid"] in devices]
     else:  # XLA:CPU: thunks named after the program's instructions
-        ops = sum(e["name"].replace(".", "_") in names for e in spans)
+        op_spans = [e for e in spans if e["name"].replace(".", "_") in names]
+    op_us = collections.Counter()
+    for e in op_spans:  # (control flow spans its body's ops: not an op of its own)
+        if not _CONTROL_FLOW.match(e["name"]):
+            op_us[e["name"]] += e.get("dur", 0)
     return {
+        "op_us": op_us,
         "programs": sum("ExecuteHelper" in e["name"] for e in spans),
         "h2d": sum(e["name"] in ("DevicePut", "DevicePutWithSharding") for e in spans),
         "d2h": sum("copy_to_host" in e["name"] for e in spans),
-        "ops": ops,
+        "ops": len(op_spans),
         "device_d2h": sum(
             e["pid"] in devices and bool(_DEVICE_TO_HOST.search(e["name"])) for e in spans
         ),
     }
 
 
-def _counts_line(sampler, state, ids_bt, lens_b, text: dict, short: int, new: int) -> str:
-    """Programs, transfers and device ops per step and per call, and the HLO's control flow."""
+def _counts_line(sampler, state, ids_bt, lens_b, text: dict, short: int, new: int, top: int) -> str:
+    """Programs, transfers and device ops per step and per call, and the HLO's control flow;
+    then the ``top`` device ops of the `new` call by time, in microseconds per decode step."""
     key = jax.random.key(9)
     counts = {
         n: _trace_counts(partial(_call, sampler, state, ids_bt, lens_b, key, n), text[n])
         for n in (short, new)
     }
-    per_step = {k: (counts[new][k] - counts[short][k]) / (new - short) for k in counts[new]}
+    per_step = {
+        k: (counts[new][k] - counts[short][k]) / (new - short) for k in counts[new] if k != "op_us"
+    }
     loops = len(re.findall(r"\swhile\(", text[new]))
     conds = len(re.findall(r"\sconditional\(", text[new]))
     trips = len(_HOST_ROUND_TRIPS.findall(text[new]))
     c = counts[new]
+    names = _op_names(text[new])
+    slowest = [
+        f"\n    {us / (new - 1):8.1f} us/step  {name}  {names.get(name.replace('.', '_'), '')}"
+        for name, us in c["op_us"].most_common(top)
+    ]
     return (
         f"per step: {per_step['programs']:g} programs, "
         f"{per_step['h2d'] + per_step['d2h']:g} transfers, {per_step['ops']:.0f} device ops, "
         f"{per_step['device_d2h']:g} device-to-host copies | per call: {c['programs']} programs, "
         f"{c['h2d']} h2d + {c['d2h']} d2h transfers, {c['ops']} device ops; HLO: {loops} while, "
-        f"{conds} conditional, {trips} callbacks/feeds"
+        f"{conds} conditional, {trips} callbacks/feeds" + "".join(slowest)
     )
 
 
@@ -181,7 +214,7 @@ def profile_batch(cfg, graphdef, state, batch: int, args, hw, eff) -> str:
         f"({predicted[len(predicted) // 2][1]}) | measured/roofline {step_s / roof_s:.1f}x"
     )
     if not args.no_trace:
-        line += " | " + _counts_line(sampler, state, ids_bt, lens_b, text, short, new)
+        line += " | " + _counts_line(sampler, state, ids_bt, lens_b, text, short, new, args.top)
     assert sampler.compiled_programs() == 2, sampler.compiled_programs()  # no recompiles
     return line
 
@@ -199,8 +232,11 @@ def main() -> None:
         graphdef, state = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
         for batch in (int(b) for b in args.batches.split(",")):
             start = time.perf_counter()
-            line = profile_batch(cfg, graphdef, state, batch, args, hw, eff)
-            print(f"{preset} {line} | {time.perf_counter() - start:.1f} s", flush=True)
+            head, _, slowest = profile_batch(cfg, graphdef, state, batch, args, hw, eff).partition(
+                "\n"
+            )
+            elapsed = time.perf_counter() - start
+            print(f"{preset} {head} | {elapsed:.1f} s" + ("\n" + slowest if slowest else ""))
 
 
 if __name__ == "__main__":
