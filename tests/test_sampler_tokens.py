@@ -98,8 +98,8 @@ def _call(sampler, state, ids_bt, lens_b, seed, settings):
 
 @pytest.mark.parametrize("chunk", ["auto", 4])
 def test_tokens_are_the_pinned_ones(model_state, chunk):
-    """One phase (auto) and three phases (chunk 4): the recorded tokens, and where some rows
-    end, the same tokens up to each row's end and padding after."""
+    """One phase (auto) and three phases (chunk 4): the recorded tokens; with three phases and
+    end tokens that some rows meet, the same tokens up to each row's end and padding after."""
     graphdef, cfg, state, ids_bt, lens_b = model_state
     forced = Sampler(graphdef, cfg, eos_ids=(), pad_id=0, decode_chunk=chunk)
     ending = Sampler(graphdef, cfg, eos_ids=SOME_END, pad_id=0, decode_chunk=chunk)
@@ -108,6 +108,8 @@ def test_tokens_are_the_pinned_ones(model_state, chunk):
         np.testing.assert_array_equal(out.tokens_bt, tokens, err_msg=f"seed {seed} {settings}")
         np.testing.assert_allclose(out.logprobs_bt.sum(1), sums, atol=2e-3)
         assert int(out.num_decode_steps) == MAX_NEW - 1 and out.truncated_b.all()
+        if chunk == "auto":
+            continue
         cut = _call(ending, state, ids_bt, lens_b, seed, settings)
         lengths_b = np.asarray(SOME_END_LENGTHS[seed])
         np.testing.assert_array_equal(cut.lengths_b, lengths_b)
