@@ -9,6 +9,7 @@ Bad input (config, paths, logs) ends with one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -218,7 +219,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
 
     out_dir = _run_dir(cfg, args.config, "train")
-    trainer = Trainer(cfg, out_dir)
+    try:
+        trainer = Trainer(cfg, out_dir)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            out_dir.rmdir()  # a start refused in a new directory leaves none behind
+        raise
     leader = is_leader()
     if trainer.finished:
         trainer.close()
@@ -353,8 +359,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     devices = args.devices or jax.device_count()
     memory = args.device_memory
     if memory is None and args.devices is None:  # planning for this machine's devices
-        stats = jax.devices()[0].memory_stats() or {}
-        memory = stats.get("bytes_limit", 0) / 1024**3 or None
+        from sagc_jax.train.preflight import device_memory
+
+        memory = device_memory()[0] / 1024**3  # on CPU: the host's, shared by its devices
     step = None
     if args.hardware is not None:  # first: an unknown name stops before anything is printed
         step = step_prediction(cfg, args.hardware, devices, args.mean_new_tokens)
@@ -487,7 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="GIB",
         help="memory of one device, to say whether the config fits (default: --hardware's, or "
-        "this machine's accelerator when --devices is not given and it reports one)",
+        "without --devices this machine's: an accelerator's limit, on CPU the host's memory)",
     )
     p.add_argument(
         "--hardware",
@@ -605,9 +612,9 @@ def _bad_input_errors() -> tuple[type[Exception], ...]:
     errors: tuple[type[Exception], ...] = (ConfigError, UserError, DatasetError, RewardError)
     if "sagc_jax.train.checkpoint" in sys.modules:  # only loaded by commands that read runs
         from sagc_jax.train.checkpoint import CheckpointError
-        from sagc_jax.train.runlock import RunDirBusy
+        from sagc_jax.train.runlock import RunDirError
 
-        errors += (CheckpointError, RunDirBusy)
+        errors += (CheckpointError, RunDirError)
     if "sagc_jax.models" in sys.modules:  # only loaded by commands that build a model
         from sagc_jax.models import CheckpointMismatchError
 

@@ -375,6 +375,11 @@ class TrainConfig(_Section):
     eval_every: int = option(0, ge=0, help="steps between held-out evaluations; 0: start and end")
     eval_size: int = option(128, ge=1, help="held-out prompts per evaluation")
     compile_ahead: bool = option(False, help="compile every candidate G at start-up")
+    memory_check: bool = option(
+        True,
+        help="before building the model, refuse a ladder whose largest G does not fit one "
+        "device's memory by sagc-jax plan's estimate (on CPU: the host's)",
+    )
     compilation_cache_dir: str | None = option(None, help="persistent XLA compilation cache")
     init_checkpoint: str | None = option(
         None, help="start from the params of this run directory (e.g. the SFT warm start)"
@@ -431,7 +436,22 @@ class DataConfig(_Section):
     path: str | None = option(None, help="JSONL or Parquet of {prompt, answer} (task: dataset)")
     eval_path: str | None = option(None, help="held-out file (task: dataset)")
     reward: str = option("auto", help="'auto', 'synthetic', 'math' or 'module:function'")
-    reward_on_error: str = option("raise", choices=("raise", "zero"))
+    reward_on_error: str = option(
+        "raise",
+        choices=("raise", "zero"),
+        help="a reward function that raises, returns a non-finite value or runs past "
+        "data.reward_timeout_s on a row: stop the run naming the function and the row (raise), "
+        "or score the row 0 and count it in reward_failed_rows / reward_timeouts (zero)",
+    )
+    reward_timeout_s: float = option(
+        60.0,
+        ge=0.0,
+        help="seconds a reward of your own ('module:function') may take per batch: it runs in a "
+        "worker process, killed at the limit; the batch is then scored row by row (within the "
+        "limit again) to find the rows that hang, which data.reward_on_error treats; 0: no "
+        "limit, called in the trainer's process (a reward that needs the accelerator or shares "
+        "state with the trainer)",
+    )
     math_timeout_s: float = option(
         2.0,
         gt=0.0,

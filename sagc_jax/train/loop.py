@@ -33,7 +33,7 @@ from sagc_jax.rl import (
 )
 from sagc_jax.sampling.padding import bucket_length
 from sagc_jax.train.checkpoint import CheckpointStore
-from sagc_jax.train.data import make_source
+from sagc_jax.train.data import make_source, with_resolved_buckets
 from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
 from sagc_jax.train.faults import StopRequest, crash_point, phase, resume_hint
 from sagc_jax.train.hooks import Hooks, itstime
@@ -46,10 +46,11 @@ from sagc_jax.train.packing import (
     row_multiple,
 )
 from sagc_jax.train.policy import build_sharded_policy, build_tokenizer, load_run_params
+from sagc_jax.train.preflight import check_device_memory, check_free_space, tree_bytes
 from sagc_jax.train.programs import PolicyPrograms, StateShardings, UpdateSettings, batch_spec
 from sagc_jax.train.report import read_metrics, summarize
 from sagc_jax.train.rollout import Rollouts, generate
-from sagc_jax.train.runlock import RunDirBusy, RunLock
+from sagc_jax.train.runlock import RunDirError, RunLock
 
 # The hybrid controller's per-prompt table: its state keys whose arrays (one row per prompt) are
 # saved as an Orbax item padded to controller.hybrid.capacity rows, not in the JSON meta.
@@ -63,6 +64,7 @@ RESUMABLE_CHANGES = (
     "train.async_checkpoint",
     "train.eval_every",
     "train.max_nonfinite_steps",
+    "train.memory_check",
     "logging.",
     "sim.",  # the offline simulator's section: training never reads it
     "mesh.",  # checkpoints are restored into the new mesh's shardings
@@ -239,6 +241,19 @@ class Trainer:
         check_hybrid(cfg, jax.process_count())
         self.cfg = cfg
         self.run_dir = Path(run_dir)
+        self.leader = is_leader()  # only process 0 writes logs and prints
+        # The run directory first: writable and free, before anything is built or compiled.
+        self.lock = RunLock(self.run_dir, "train", report=self._say)
+        self._lock_run_dir()
+        try:
+            self._build(cfg, log)
+        except BaseException:
+            self.lock.release()  # a refused start leaves the directory as it was
+            raise
+
+    def _build(self, cfg: Config, log: bool) -> None:
+        """Everything after the lock: data, memory check, policy, optimizer, programs, the
+        checkpoint store and a resume from it, the metrics writer."""
         if cfg.train.compilation_cache_dir:
             jax.config.update("jax_compilation_cache_dir", cfg.train.compilation_cache_dir)
         self.plan = ShardingPlan.from_config(cfg.mesh)
@@ -253,6 +268,8 @@ class Trainer:
         check_batch_shapes(
             cfg, self.controller.candidates, self.plan.batch_shards, jax.process_count()
         )
+        if cfg.train.memory_check:
+            check_device_memory(with_resolved_buckets(cfg, self.source))
         self.graphdef, self.params, self.model_config, param_shardings = build_sharded_policy(
             cfg, self.tokenizer, cfg.train.seed, self.plan
         )
@@ -263,6 +280,7 @@ class Trainer:
             self.tx, jax.eval_shape(self.tx.init, self.params), param_shardings
         )
         self.opt_state = jax.jit(self.tx.init, out_shardings=opt_shardings)(self.params)
+        check_free_space(self.run_dir, tree_bytes((self.params, self.opt_state)))  # every process
         self.ref_params = None
         if cfg.loss.kl_beta > 0:
             copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=param_shardings)
@@ -289,28 +307,21 @@ class Trainer:
         )
         self.root_key = jax.random.key(t.seed)
         self.step = 0
-        self.leader = is_leader()  # only process 0 writes logs and prints
-        self.lock = RunLock(self.run_dir, "train", report=self._say)
-        self._lock_run_dir()
-        try:
-            self.store = CheckpointStore(
-                self.run_dir / "checkpoints", keep=t.keep_checkpoints, async_save=t.async_checkpoint
-            )
-            self.last_eval: dict[str, float] = {}
-            self.interrupted = ""  # name of the signal that stopped the run, if one did
-            self.last_saved_step: int | None = None
-            self._resume()
-            # a finished run is left exactly as it is: no log is opened, nothing is rewritten
-            self.writer = MetricsWriter(
-                self.run_dir,
-                enabled=log and self.leader and not self.finished,
-                tensorboard=cfg.logging.tensorboard,
-                resume_step=self.step,
-                report=self._say,
-            )
-        except BaseException:
-            self.lock.release()  # a refused resume leaves the directory as it was
-            raise
+        self.store = CheckpointStore(
+            self.run_dir / "checkpoints", keep=t.keep_checkpoints, async_save=t.async_checkpoint
+        )
+        self.last_eval: dict[str, float] = {}
+        self.interrupted = ""  # name of the signal that stopped the run, if one did
+        self.last_saved_step: int | None = None
+        self._resume()
+        # a finished run is left exactly as it is: no log is opened, nothing is rewritten
+        self.writer = MetricsWriter(
+            self.run_dir,
+            enabled=log and self.leader and not self.finished,
+            tensorboard=cfg.logging.tensorboard,
+            resume_step=self.step,
+            report=self._say,
+        )
 
     @property
     def finished(self) -> bool:
@@ -326,10 +337,12 @@ class Trainer:
         if self.leader:
             try:
                 self.lock.acquire()
-            except RunDirBusy as err:
+            except RunDirError as err:
                 error = err
         if any_process(error is not None):
-            raise error or RunDirBusy(f"{self.run_dir}: process 0 could not lock the run directory")
+            raise error or RunDirError(
+                f"{self.run_dir}: process 0 could not lock the run directory"
+            )
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -402,7 +415,8 @@ class Trainer:
         items = {"params": self.params, "opt_state": self.opt_state}
         if table:
             items["prompt_table"] = table
-        if not self.store.save(self.step, items, meta):
+        hint = resume_hint(self.cfg, self.run_dir)
+        if not self.store.save(self.step, items, meta, report=self._say, resume_hint=hint):
             self._say(
                 f"step {self.step}: parameters or optimizer state not finite, checkpoint not "
                 f"written (the last one is step {self.last_saved_step})"

@@ -2,7 +2,9 @@
 
 The lock is an ``fcntl.flock`` on that file, which the kernel releases when the holder dies, so
 a lock left by a process that was killed (SIGKILL, a crash, a reboot) is taken over at once,
-with a message. A lock written by another host cannot be checked from here (flock does not
+with a message. A released lock removes its file (a finished run leaves none behind); a
+directory that cannot be written is refused when the lock is taken, the first thing a command
+does there. A lock written by another host cannot be checked from here (flock does not
 reach across machines on most shared file systems): it is refused, saying which file to delete
 if that process is gone. In multi-process runs process 0 holds the lock for all.
 """
@@ -20,7 +22,11 @@ from pathlib import Path
 LOCK_FILE = "run.lock"
 
 
-class RunDirBusy(RuntimeError):
+class RunDirError(RuntimeError):
+    """The run directory cannot be used (message is one line)."""
+
+
+class RunDirBusy(RunDirError):
     """Another process is writing the run directory (message is one line)."""
 
 
@@ -42,8 +48,14 @@ class RunLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise RunDirError(
+                f"{self.path.parent}: cannot write the run directory ({err.strerror}); make it "
+                f"writable or use another logging.run_dir"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -53,6 +65,9 @@ class RunLock:
                 f"{self.path.parent}: already being written by {_holder_text(holder)}; wait for "
                 f"it to finish or stop it, or use another logging.run_dir"
             ) from None
+        if not _still_linked(fd, self.path):  # its holder released (removed) it meanwhile
+            os.close(fd)
+            return self.acquire()
         previous = _read(fd)
         host = socket.gethostname()
         if previous and previous.get("host") != host:
@@ -73,10 +88,12 @@ class RunLock:
         self._fd = fd
 
     def release(self) -> None:
+        """Remove the lock file, then release the lock (in this order, so that a process that
+        opened the old file before the removal sees it unlinked and opens a new one)."""
         if self._fd is None:
             return
         with contextlib.suppress(OSError):
-            os.ftruncate(self._fd, 0)  # an empty lock file is a free one
+            os.unlink(self.path)
         os.close(self._fd)  # closing releases the flock
         self._fd = None
 
@@ -86,6 +103,14 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _still_linked(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def _read(fd: int) -> dict:

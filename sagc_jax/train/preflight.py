@@ -1,0 +1,82 @@
+"""Checks a run makes before it builds or compiles anything costly: does the config's largest
+candidate G fit the devices' memory (``sagc-jax plan``'s estimate), and does one checkpoint fit
+the run directory's disk. Each refusal is one line naming the size and the key to change."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import jax
+
+from sagc_jax.config import Config, ConfigError
+from sagc_jax.train.runlock import RunDirError
+
+GIB = 1024**3
+
+# The keys that shrink each item of plan's estimate, for the refusal's advice.
+_LEVERS = {
+    "KV cache": "sampling.max_new_tokens, train.prompts_per_step",
+    "activations": "train.microbatches or model.remat",
+    "parameters": "mesh.fsdp or model.param_dtype",
+    "optimizer state": "mesh.fsdp or train.optimizer_dtype",
+    "gradients": "mesh.fsdp",
+    "reference model": "loss.kl_beta (0: no reference copy) or mesh.fsdp",
+    "decode weights": "mesh.tensor",
+}
+
+
+def device_memory() -> tuple[int, str]:
+    """(bytes one device may use, what they are): the accelerator's limit, or on CPU the host's
+    physical memory shared by this process's devices."""
+    device = jax.local_devices()[0]
+    stats = device.memory_stats() or {}
+    if stats.get("bytes_limit"):
+        return int(stats["bytes_limit"]), f"{device.device_kind} memory"
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    devices = jax.local_device_count()
+    share = f", shared by {devices} host devices" if devices > 1 else ""
+    return host // devices, f"host memory{share}"
+
+
+def ladder_key(cfg: Config) -> str:
+    """The config key that sets the largest candidate G."""
+    kind = cfg.controller.kind
+    return "controller.group_size" if kind == "fixed" else "controller.sagc.candidates"
+
+
+def check_device_memory(cfg: Config) -> None:
+    """ConfigError when plan's per-device estimate for the largest candidate G exceeds the
+    memory of one device (``cfg``'s prompt buckets must be concrete)."""
+    from sagc_jax.train.plan import memory_plan
+
+    plan = memory_plan(cfg, jax.device_count())
+    available, what = device_memory()
+    if plan.per_device <= available:
+        return
+    biggest = max(plan.items, key=lambda item: item.per_device)
+    raise ConfigError(
+        f"{ladder_key(cfg)}: the largest candidate G does not fit: sagc-jax plan estimates "
+        f"{plan.per_device / GIB:.1f} GiB per device against {available / GIB:.1f} GiB of "
+        f"{what}, the most for the {biggest.name} ({biggest.per_device / GIB:.1f} GiB: "
+        f"{biggest.detail}); lower the ladder or {_LEVERS.get(biggest.name, 'the batch')}, or set "
+        f"train.memory_check=false to start anyway"
+    )
+
+
+def tree_bytes(tree) -> int:
+    """Bytes of every array of ``tree`` (global arrays: all their shards)."""
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def check_free_space(run_dir: str | Path, needed: int) -> None:
+    """RunDirError when the disk of ``run_dir`` has less than ``needed`` bytes free (the
+    parameters and optimizer state one checkpoint holds)."""
+    free = shutil.disk_usage(run_dir).free
+    if free < needed:
+        raise RunDirError(
+            f"{run_dir}: {free / GIB:.2f} GiB free on its disk, one checkpoint needs about "
+            f"{needed / GIB:.2f} GiB (parameters and optimizer state); free space or use another "
+            f"logging.run_dir"
+        )

@@ -1,0 +1,94 @@
+"""What a run checks before it builds anything costly (train/preflight.py, train/runlock.py):
+the run directory is writable, a checkpoint fits its disk, the largest candidate G fits the
+device; a refused start leaves no directory behind and a finished run no lock file. Each test is
+a row of README's Reliability table."""
+
+import errno
+import os
+from collections import namedtuple
+
+import pytest
+from helpers import TINY, sets
+
+import sagc_jax.train.loop as loop
+from sagc_jax.cli import main
+from sagc_jax.train import preflight, runlock
+from sagc_jax.train.runlock import LOCK_FILE
+
+FAST = [*TINY, "logging.tensorboard=false", "train.async_checkpoint=false", "train.steps=2"]
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Fail the test if the policy is built: the refusal must come first."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was built before the start-up check")
+
+    monkeypatch.setattr(loop, "build_sharded_policy", refuse)
+
+
+def train(run, *extra):
+    return main(["train", *sets([*FAST, *extra, f"logging.run_dir={run}"])])
+
+
+def test_a_ladder_that_cannot_fit_is_refused_before_the_model_is_built(tmp_path, capsys, no_model):
+    run = tmp_path / "run"
+    assert train(run, "controller.sagc.candidates=[2,4,65536]") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.startswith("error: controller.sagc.candidates: the largest candidate G")
+    assert "GiB per device against" in err and "train.memory_check=false" in err
+    assert not run.exists()  # the refused start left no directory behind
+
+
+def test_the_memory_check_names_the_fixed_size_key(tmp_path, capsys, no_model):
+    args = ["controller.kind=fixed", "controller.group_size=65536"]
+    assert train(tmp_path / "run", *args) == 2
+    assert "error: controller.group_size: the largest" in capsys.readouterr().err
+
+
+def test_a_directory_that_cannot_be_written_is_refused_first(
+    tmp_path, capsys, monkeypatch, no_model
+):
+    real_open = os.open
+
+    def read_only(path, *args, **kwargs):  # root may write anywhere: refuse the lock file
+        if str(path).endswith(LOCK_FILE):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(runlock.os, "open", read_only)
+    run = tmp_path / "run"
+    run.mkdir()
+    assert train(run) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"error: {run}: cannot write the run directory (Permission denied); make it writable "
+        f"or use another logging.run_dir"
+    )
+
+
+def test_a_disk_without_room_for_a_checkpoint_is_refused_before_compiling(
+    tmp_path, capsys, monkeypatch
+):
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: usage(10**9, 10**9, 1000))
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("a program was built before the disk check")
+
+    monkeypatch.setattr(loop, "PolicyPrograms", no_compile)
+    run = tmp_path / "run"
+    assert train(run) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {run}: 0.00 GiB free on its disk, one checkpoint needs about")
+    assert not run.exists()
+
+
+def test_a_finished_run_leaves_no_lock_file(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert train(run) == 0
+    assert (run / "checkpoints").is_dir() and not (run / LOCK_FILE).exists()
+    assert train(run) == 0  # finished: read, and released again
+    assert "is finished" in capsys.readouterr().out and not (run / LOCK_FILE).exists()
