@@ -380,6 +380,11 @@ class TrainConfig(_Section):
         help="before building the model, refuse a ladder whose largest G does not fit one "
         "device's memory by sagc-jax plan's estimate (on CPU: the host's)",
     )
+    resume_changed_data: bool = option(
+        False,
+        help="resume although a data file changed since the checkpoint (its size or sha256 "
+        "differ): the run continues at the saved step on the new contents; false: refused",
+    )
     compilation_cache_dir: str | None = option(None, help="persistent XLA compilation cache")
     init_checkpoint: str | None = option(
         None, help="start from the params of this run directory (e.g. the SFT warm start)"

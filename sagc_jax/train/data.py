@@ -13,6 +13,7 @@ evaluation and the plan use.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -240,6 +241,25 @@ def make_source(
     if cfg.data.task == "synthetic":
         return SyntheticSource(cfg, rounds, shard_index, num_shards, log)
     return DatasetSource(cfg, tokenizer, rounds, shard_index, num_shards, log)
+
+
+def data_identity(cfg: Config) -> dict[str, dict]:
+    """What a checkpoint records of the data files (``data.path``, ``data.eval_path``): per key,
+    the path, its size and the sha256 of its contents. The synthetic task has none (its
+    parameters are in the config, which a resume compares)."""
+    if cfg.data.task == "synthetic":
+        return {}
+    identity = {}
+    for key in ("path", "eval_path"):
+        path = getattr(cfg.data, key)
+        if path:
+            digest = hashlib.sha256()
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(chunk)
+            size = Path(path).stat().st_size
+            identity[f"data.{key}"] = {"path": path, "size": size, "sha256": digest.hexdigest()}
+    return identity
 
 
 def with_resolved_buckets(cfg: Config, source: PromptSource) -> Config:

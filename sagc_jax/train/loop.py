@@ -33,7 +33,7 @@ from sagc_jax.rl import (
 )
 from sagc_jax.sampling.padding import bucket_length
 from sagc_jax.train.checkpoint import CheckpointStore
-from sagc_jax.train.data import make_source, with_resolved_buckets
+from sagc_jax.train.data import data_identity, make_source, with_resolved_buckets
 from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
 from sagc_jax.train.faults import StopRequest, crash_point, phase, resume_hint
 from sagc_jax.train.hooks import Hooks, itstime
@@ -65,6 +65,7 @@ RESUMABLE_CHANGES = (
     "train.eval_every",
     "train.max_nonfinite_steps",
     "train.memory_check",
+    "train.resume_changed_data",
     "logging.",
     "sim.",  # the offline simulator's section: training never reads it
     "mesh.",  # checkpoints are restored into the new mesh's shardings
@@ -264,6 +265,7 @@ class Trainer:
             num_shards=jax.process_count(),
         )
         self.tokenizer = self.source.tokenizer
+        self.data_identity = data_identity(cfg)  # checkpoints record it; a resume compares it
         self.controller = make_controller(cfg.controller)
         check_batch_shapes(
             cfg, self.controller.candidates, self.plan.batch_shards, jax.process_count()
@@ -392,6 +394,34 @@ class Trainer:
                 f"{', '.join(changed[:8])}{'...' if len(changed) > 8 else ''}; use a new "
                 f"logging.run_dir or the run's own config"
             )
+        self._check_same_data(meta)
+
+    def _check_same_data(self, meta: dict) -> None:
+        """Refuse (ConfigError) a resume whose data files changed since the checkpoint, unless
+        ``train.resume_changed_data``; checkpoints from before data identities were recorded
+        are not checked."""
+        step = meta["step"]
+        for key, saved in meta.get("data", {}).items():
+            now = self.data_identity.get(key)
+            if now is None or now["sha256"] == saved["sha256"]:
+                continue  # the key itself changing is a config difference, refused above
+            what = (
+                f"{now['path']}: changed since the checkpoint of step {step} ({key}: "
+                f"{saved['size']:,} -> {now['size']:,} bytes, sha256 {saved['sha256'][:12]} -> "
+                f"{now['sha256'][:12]})"
+            )
+            if not self.cfg.train.resume_changed_data:
+                raise ConfigError(
+                    f"{what}; resuming would continue at the same position on other rows: "
+                    f"restore the file, use a new logging.run_dir, or set "
+                    f"train.resume_changed_data=true to continue at step {step} on the new "
+                    f"contents"
+                )
+            self._say(
+                f"{what}; continuing at step {step} on the new contents "
+                f"(train.resume_changed_data): the prompts of the next steps are the new file's "
+                f"rows at the saved position"
+            )
 
     def _controller_state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """The controller's state split in two: for the JSON meta, and the hybrid's per-prompt
@@ -411,6 +441,7 @@ class Trainer:
             "config": to_dict(self.cfg),
             "last_eval": self.last_eval,
             "processes": jax.process_count(),
+            "data": self.data_identity,
         }
         items = {"params": self.params, "opt_state": self.opt_state}
         if table:
