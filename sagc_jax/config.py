@@ -372,6 +372,14 @@ class TrainConfig(_Section):
     max_nonfinite_steps: int = option(
         3, ge=1, help="abort after this many steps in a row with a non-finite loss or gradient"
     )
+    spike_factor: float = option(
+        10.0,
+        ge=0.0,
+        help="a step whose gradient norm exceeds this many times the median of the last "
+        "train.spike_window steps is a spike: no checkpoint is written until spike_window steps "
+        "pass without one, so the last checkpoint stays one from before it; 0: off",
+    )
+    spike_window: int = option(20, ge=2, help="steps of gradient norms a spike is judged against")
     eval_every: int = option(0, ge=0, help="steps between held-out evaluations; 0: start and end")
     eval_size: int = option(128, ge=1, help="held-out prompts per evaluation")
     compile_ahead: bool = option(False, help="compile every candidate G at start-up")

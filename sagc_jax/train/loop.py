@@ -12,6 +12,7 @@ uninterrupted one would.
 
 from __future__ import annotations
 
+import collections
 import math
 import time
 from pathlib import Path
@@ -64,6 +65,8 @@ RESUMABLE_CHANGES = (
     "train.async_checkpoint",
     "train.eval_every",
     "train.max_nonfinite_steps",
+    "train.spike_factor",
+    "train.spike_window",
     "train.memory_check",
     "train.resume_changed_data",
     "logging.",
@@ -315,6 +318,8 @@ class Trainer:
         self.last_eval: dict[str, float] = {}
         self.interrupted = ""  # name of the signal that stopped the run, if one did
         self.last_saved_step: int | None = None
+        self.spike_step: int | None = None  # the last gradient-norm spike (train.spike_factor)
+        self.quiet_until = -1  # no checkpoint is written up to this step after a spike
         self._resume()
         # a finished run is left exactly as it is: no log is opened, nothing is rewritten
         self.writer = MetricsWriter(
@@ -857,18 +862,35 @@ class Trainer:
                 )
                 bar.update(1)
 
+        norms: collections.deque = collections.deque(maxlen=t.spike_window)
+
+        def check_spike(step, record):
+            """A gradient-norm spike holds checkpoints back for spike_window steps."""
+            norm = record.get("update/grad_norm", math.nan)
+            if not t.spike_factor or not math.isfinite(norm):
+                return
+            baseline = float(np.median(norms)) if len(norms) >= max(2, t.spike_window // 2) else 0
+            norms.append(norm)
+            if baseline > 0 and norm > t.spike_factor * baseline:
+                if self.spike_step is None or step > self.quiet_until:
+                    self.spike_step = step  # the first spike of this stretch
+                    self._say(
+                        f"step {step}: gradient norm {norm:.3g} is {norm / baseline:.0f}x the "
+                        f"median of the last {len(norms) - 1} steps (train.spike_factor "
+                        f"{t.spike_factor:g}); no checkpoint until {t.spike_window} steps pass "
+                        f"without a spike"
+                    )
+                self.quiet_until = step + t.spike_window
+
         bad_updates = 0
 
         def check_divergence(step, record):
             nonlocal bad_updates
             bad_updates = bad_updates + 1 if record["update/skipped"] > 0 else 0
             if bad_updates >= t.max_nonfinite_steps:
-                last = self.last_saved_step
                 raise TrainingDiverged(
                     f"step {step}: the loss or gradient was not finite in {bad_updates} steps "
-                    f"in a row (train.max_nonfinite_steps); "
-                    + (f"checkpoint step {last} is the last saved" if last else "no checkpoint")
-                    + "; lower train.learning_rate or check the rewards"
+                    f"in a row (train.max_nonfinite_steps); {self._restart_point()}"
                 )
 
         last_save = time.perf_counter()
@@ -884,7 +906,13 @@ class Trainer:
                 # clocks differ between processes: all save when any is due
                 or any_process(minutes and time.perf_counter() - last_save >= 60 * minutes)
             )
-            if due:
+            if due and step <= self.quiet_until:
+                self._say(
+                    f"step {step}: checkpoint held back after the gradient-norm spike of step "
+                    f"{self.spike_step} (train.spike_factor); the last one is step "
+                    f"{self.last_saved_step}"
+                )
+            elif due:
                 self.save()
                 last_save = time.perf_counter()
             if stopping:
@@ -892,9 +920,24 @@ class Trainer:
 
         hooks.add(evaluate, every=t.eval_every)
         hooks.add(log)
+        hooks.add(check_spike)
         hooks.add(check_divergence)
         hooks.add(checkpoint)
         return hooks
+
+    def _restart_point(self) -> str:
+        """Where to restart a diverged run from, for its message."""
+        last, spike = self.last_saved_step, self.spike_step
+        if last is None:
+            return "no checkpoint was saved; lower train.learning_rate or check the rewards"
+        before = ""
+        if spike is not None and spike > last:
+            before = f", from before the gradient-norm spike of step {spike},"
+        return (
+            f"checkpoint step {last}{before} is the last saved: start a new run from it with "
+            f"a lower learning rate (--set train.init_checkpoint={self.run_dir} --set "
+            f"train.learning_rate=... and a new logging.run_dir), or check the rewards"
+        )
 
     def close(self) -> None:
         try:
