@@ -826,12 +826,22 @@ def _key_lines(text: str) -> dict[str, int]:
     return lines
 
 
-def _set_dotted(data: dict, dotted: str, value: Any, origin: str) -> None:
+def _set_dotted(
+    data: dict, dotted: str, value: Any, origin: str, lines: dict[str, int] | None = None
+) -> None:
+    """Set ``data[a][b][c] = value`` for ``dotted`` 'a.b.c'. A prefix that holds a value, not a
+    mapping, is blamed on ``origin`` (the ``--set``), or, when ``lines`` has it, on the file
+    line that gave it that value (``lines``: dotted key -> line; '' -> the file's name)."""
     parts = dotted.split(".")
     node = data
-    for part in parts[:-1]:
+    for i, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
+            prefix = ".".join(parts[: i + 1])
+            if lines and prefix in lines:
+                raise ConfigError(
+                    f"{lines['']}:{lines[prefix]}: {prefix} = {child!r} must be a mapping of keys"
+                )
             raise ConfigError(f"{origin}: '{part}' is not a section")
         node = child
     node[parts[-1]] = value
@@ -863,9 +873,17 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
         path = Path(path)
         origin = str(path)
         try:
-            text = path.read_text()
+            raw = path.read_bytes()
         except OSError as err:
             raise ConfigError(f"{path}: cannot read the config file ({err.strerror})") from None
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            line = raw.count(b"\n", 0, err.start) + 1
+            raise ConfigError(
+                f"{path}:{line}: not UTF-8 text (byte {err.start + 1} of the file); save the "
+                "config as UTF-8"
+            ) from None
         try:
             loaded = yaml.safe_load(text)
             lines = _key_lines(text)
@@ -878,10 +896,12 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
         data = loaded or {}
     set_keys = {}
+    from_file = {**lines, "": origin}  # keys a --set has not replaced: blamed on the file
     for text in overrides:
         key, value = parse_override(text)
-        _set_dotted(data, key, value, f"--set {text}")
+        _set_dotted(data, key, value, f"--set {text}", from_file)
         set_keys[key] = text
+        from_file = {k: v for k, v in from_file.items() if k != key and not k.startswith(key + ".")}
     try:
         return from_dict(data)
     except ConfigError as err:

@@ -20,8 +20,10 @@ import safetensors
 import safetensors.flax
 from flax import nnx
 
+from sagc_jax.config import ConfigError
 from sagc_jax.models.config import DecoderConfig
 from sagc_jax.models.decoder import Decoder
+from sagc_jax.models.files import read_json
 
 
 class CheckpointMismatchError(ValueError):
@@ -122,21 +124,92 @@ def _check_table_covers(cfg: DecoderConfig, flat_paths: set[tuple]) -> None:
         )
 
 
+# config.json keys the architecture needs: positive integers (required, then optional ones).
+_HF_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers")
+_HF_SIZES += ("num_attention_heads",)
+_HF_OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "max_position_embeddings")
+_HF_OPTIONAL_NUMBERS = ("rope_theta", "rms_norm_eps")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def read_hf_config(path: str) -> dict:
+    """The ``config.json`` of the Hugging Face checkpoint directory ``path``, checked.
+
+    Raises ConfigError (one line naming the file) when it cannot be read, is not a complete JSON
+    object, lacks a size the architecture needs, or holds a value of the wrong kind.
+    """
+    file = os.path.join(path, "config.json")
+    hf = read_json(file, "model config")
+    for key in _HF_SIZES:
+        if key not in hf:
+            raise ConfigError(f'{file}: no "{key}"; a Llama or Qwen2 config.json has it')
+    for key in _HF_SIZES + _HF_OPTIONAL_SIZES:
+        value = hf.get(key)
+        if (key in _HF_SIZES or value is not None) and not (_is_int(value) and value > 0):
+            raise ConfigError(f'{file}: "{key}": {value!r}; allowed: a positive integer')
+    for key in _HF_OPTIONAL_NUMBERS:
+        value = hf.get(key)
+        if value is not None and not (isinstance(value, int | float) and value > 0):
+            raise ConfigError(f'{file}: "{key}": {value!r}; allowed: a positive number')
+    eos = hf.get("eos_token_id")
+    if not (eos is None or _is_int(eos) or (isinstance(eos, list) and all(map(_is_int, eos)))):
+        raise ConfigError(f'{file}: "eos_token_id": {eos!r}; allowed: an integer, a list or null')
+    if not (hf.get("bos_token_id") is None or _is_int(hf["bos_token_id"])):
+        raise ConfigError(
+            f'{file}: "bos_token_id": {hf["bos_token_id"]!r}; allowed: an integer or null'
+        )
+    return hf
+
+
+def hf_architecture(path: str, **overrides) -> DecoderConfig:
+    """The `DecoderConfig` of checkpoint directory ``path`` (``overrides``: dtypes, remat, ...);
+    ConfigError naming its config.json for anything unreadable or unsupported."""
+    hf = read_hf_config(path)
+    try:
+        return DecoderConfig.from_hf_config(hf, **overrides)
+    except (KeyError, TypeError, ValueError) as err:
+        why = str(err).removeprefix("config.json ")
+        if isinstance(err, KeyError):
+            why = f"no {err}"
+        raise ConfigError(f"{os.path.join(path, 'config.json')}: {why}") from None
+
+
+def _open_safetensors(file: str):
+    try:
+        return safetensors.safe_open(file, framework="flax")
+    except Exception as err:  # SafetensorError for a damaged header, OSError
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(
+            f"{file}: not a readable safetensors file ({reason}); truncated or damaged?"
+        ) from None
+
+
 def _safetensors_files(path: str) -> dict[str, str]:
     """HF tensor name -> file, from model.safetensors.index.json or the single .safetensors."""
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.exists(index):
-        with open(index) as f:
-            weight_map = json.load(f)["weight_map"]
+        weight_map = read_json(index, "safetensors index").get("weight_map")
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(v, str) for v in weight_map.values()
+        ):
+            raise ConfigError(
+                f'{index}: "weight_map" must be an object of tensor name -> .safetensors file'
+            )
+        for file in sorted(set(weight_map.values())):
+            if not os.path.isfile(os.path.join(path, file)):
+                raise ConfigError(f"{index}: names {file}, which is not in {path}")
         return {name: os.path.join(path, file) for name, file in weight_map.items()}
     files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
     if len(files) != 1:
-        raise FileNotFoundError(
+        raise ConfigError(
             f"{path}: expected model.safetensors.index.json or exactly one .safetensors file, "
             f"found {files}"
         )
     file = os.path.join(path, files[0])
-    with safetensors.safe_open(file, framework="flax") as f:
+    with _open_safetensors(file) as f:
         return {name: file for name in f.keys()}
 
 
@@ -154,13 +227,12 @@ def load_hf_checkpoint(
     """Reads a local transformers directory (config.json + safetensors) into a `Decoder`.
 
     dtype: parameter dtype ("float32" or "bfloat16"); compute_dtype defaults to dtype.
-    Raises CheckpointMismatchError (a ValueError) listing every missing, unexpected or
-    mis-shaped tensor, one line each with the tensor name and both shapes.
+    Raises ConfigError naming the file for an unreadable, truncated or mis-typed config.json,
+    index or safetensors file, and CheckpointMismatchError (a ValueError) listing every
+    missing, unexpected or mis-shaped tensor, one line each with the tensor name and both shapes.
     """
-    with open(os.path.join(path, "config.json")) as f:
-        hf_config = json.load(f)
-    cfg = DecoderConfig.from_hf_config(
-        hf_config,
+    cfg = hf_architecture(
+        path,
         param_dtype=dtype,
         compute_dtype=compute_dtype or dtype,
         remat=remat,
@@ -179,15 +251,21 @@ def load_hf_checkpoint(
     def read(name):
         file = files[name]
         if file not in handles:
-            handles[file] = safetensors.safe_open(file, framework="flax")
+            handles[file] = _open_safetensors(file)
         return handles[file]
+
+    def shape(name):
+        try:
+            return _shape(read(name).get_slice(name).get_shape())
+        except Exception as err:  # SafetensorError: a name the index lists that is not there
+            raise ConfigError(f"{files[name]}: cannot read tensor {name!r} ({err})") from None
 
     for hf_name, (param_path, transform, our_shape) in expected.items():
         want = _shape(transform.hf_shape(our_shape))
         if hf_name not in files:
             problems.append(f"missing tensor {hf_name!r}: checkpoint shape None, expected {want}")
             continue
-        got = _shape(read(hf_name).get_slice(hf_name).get_shape())
+        got = shape(hf_name)
         if got != want:
             problems.append(f"tensor {hf_name!r}: checkpoint shape {got}, expected {want}")
             continue
@@ -197,7 +275,7 @@ def load_hf_checkpoint(
         tied_head = cfg.tie_embeddings and name == "lm_head.weight"
         if tied_head or any(p.match(name) for p in _IGNORED):
             continue
-        got = _shape(read(name).get_slice(name).get_shape())
+        got = shape(name)
         problems.append(f"unexpected tensor {name!r}: checkpoint shape {got}, expected None")
     if problems:
         raise CheckpointMismatchError(
@@ -257,7 +335,9 @@ __all__ = [
     "RULES",
     "TRANSFORMS",
     "CheckpointMismatchError",
+    "hf_architecture",
     "hf_shapes",
     "load_hf_checkpoint",
+    "read_hf_config",
     "save_hf_checkpoint",
 ]

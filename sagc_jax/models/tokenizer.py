@@ -19,14 +19,47 @@ import jinja2.sandbox
 import tokenizers
 
 from sagc_jax.config import ConfigError
+from sagc_jax.models.files import read_json, read_text
 
 _SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
 
 
-def _token_str(value: Any) -> str | None:
-    if isinstance(value, dict):  # older configs store AddedToken dicts
-        return value.get("content")
+def _special_token(config: dict[str, Any], key: str, file: str) -> str | None:
+    """``config[key]``: a token string, an AddedToken dict (older configs) or null."""
+    value = config.get(key)
+    if isinstance(value, dict):
+        value = value.get("content")
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(
+            f'{file}: "{key}": {config[key]!r} is not a token; allowed: a string such as '
+            f'"</s>", {{"content": "</s>"}} or null'
+        )
     return value
+
+
+def _config_template(config: dict[str, Any], file: str) -> str | None:
+    """``chat_template`` of tokenizer_config.json: a string, or named templates (the default)."""
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: take "default"
+        named = {}
+        for entry in template:
+            if not (
+                isinstance(entry, dict)
+                and isinstance(entry.get("name"), str)
+                and isinstance(entry.get("template"), str)
+            ):
+                raise ConfigError(
+                    f'{file}: "chat_template" entry {str(entry)[:60]} is not allowed; a list '
+                    'holds {"name": ..., "template": ...} objects'
+                )
+            named[entry["name"]] = entry["template"]
+        template = named.get("default")
+    if template is not None and not isinstance(template, str):
+        raise ConfigError(
+            f'{file}: "chat_template" is a {type(template).__name__}; allowed: a jinja2 '
+            'string or a list of {"name": ..., "template": ...}'
+        )
+    return template
 
 
 def _raise_exception(message: str):
@@ -40,47 +73,75 @@ def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False
 
 
 class Tokenizer:
-    """Encode/decode text and render chat messages to a prompt string or token ids."""
+    """Encode/decode text and render chat messages to a prompt string or token ids.
+
+    ``template_source`` names where ``chat_template`` came from (a file, for error messages).
+    The template is compiled on first use, as transformers does: a tokenizer whose template
+    plain jinja2 cannot compile still tokenises, and the error names the file when rendering.
+    """
 
     def __init__(
         self,
         tokenizer: tokenizers.Tokenizer,
         chat_template: str | None = None,
         special_tokens: dict[str, str | None] | None = None,
+        template_source: str | None = None,
     ):
         self.tokenizer = tokenizer
         self.chat_template = chat_template
+        self.template_source = template_source
         self.path: str | None = None  # the directory it was read from (for error messages)
         self.special_tokens = {k: v for k, v in (special_tokens or {}).items() if v is not None}
         self._template = None
-        if chat_template is not None:
-            # The environment transformers renders chat templates with.
+
+    def _compiled_template(self) -> jinja2.Template:
+        """The chat template compiled in the environment transformers renders templates with."""
+        if self._template is None:
             env = jinja2.sandbox.ImmutableSandboxedEnvironment(
                 trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
             )
             env.filters["tojson"] = _tojson
             env.globals["raise_exception"] = _raise_exception
             env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
-            self._template = env.from_string(chat_template)
+            try:
+                self._template = env.from_string(self.chat_template)
+            except jinja2.TemplateSyntaxError as err:
+                raise ConfigError(
+                    f"{self._template_where()} line {err.lineno}: not a valid jinja2 template "
+                    f"({err.message})"
+                ) from None
+        return self._template
+
+    def _template_where(self) -> str:
+        source = self.template_source or "the chat template"
+        return f'{source}: "chat_template"' if source.endswith(".json") else source
 
     @classmethod
     def from_dir(cls, path: str) -> Tokenizer:
-        """Loads tokenizer.json (+ tokenizer_config.json, chat_template.jinja) from `path`."""
-        tok = tokenizers.Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+        """Loads tokenizer.json (+ tokenizer_config.json, chat_template.jinja) from `path`.
+
+        Raises ConfigError (one line naming the file) for a file that cannot be read, is not
+        (complete) JSON, or holds a value of the wrong kind.
+        """
+        vocab_file = os.path.join(path, "tokenizer.json")
+        try:
+            tok = tokenizers.Tokenizer.from_file(vocab_file)
+        except Exception as err:  # tokenizers raises a bare Exception without the file
+            read_json(vocab_file, "tokenizer")  # truncated, not UTF-8, not JSON: said there
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ConfigError(
+                f"{vocab_file}: not a tokenizer the tokenizers library can load ({reason})"
+            ) from None
         config: dict[str, Any] = {}
         config_file = os.path.join(path, "tokenizer_config.json")
         if os.path.exists(config_file):
-            with open(config_file) as f:
-                config = json.load(f)
-        template = config.get("chat_template")
-        if isinstance(template, list):  # named templates: take "default"
-            template = {t["name"]: t["template"] for t in template}.get("default")
+            config = read_json(config_file, "tokenizer config")
+        template, source = _config_template(config, config_file), config_file
         jinja_file = os.path.join(path, "chat_template.jinja")
         if template is None and os.path.exists(jinja_file):
-            with open(jinja_file) as f:
-                template = f.read()
-        special = {k: _token_str(config.get(k)) for k in _SPECIAL_KEYS}
-        out = cls(tok, template, special)
+            template, source = read_text(jinja_file, "chat template"), jinja_file
+        special = {k: _special_token(config, k, config_file) for k in _SPECIAL_KEYS}
+        out = cls(tok, template, special, template_source=source if template else None)
         out.path = str(path)
         return out
 
@@ -139,14 +200,23 @@ class Tokenizer:
         **kwargs,
     ) -> str | list[int]:
         """Renders `messages` ([{"role", "content"}]) like transformers' apply_chat_template."""
-        if self._template is None:
-            raise ValueError("this tokenizer has no chat_template (tokenizer_config.json)")
-        text = self._template.render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            **self.special_tokens,
-            **kwargs,
-        )
+        if self.chat_template is None:
+            where = f"{self.path}/tokenizer_config.json" if self.path else "this tokenizer"
+            raise ConfigError(
+                f'{where}: no "chat_template" (nor a chat_template.jinja beside it); add one, '
+                "or set data.chat_template=false"
+            )
+        template = self._compiled_template()
+        try:
+            text = template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                **self.special_tokens,
+                **kwargs,
+            )
+        except Exception as err:  # raise_exception(...), an undefined name, a type error
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ConfigError(f"{self._template_where()}: rendering failed ({reason})") from None
         # The template already contains the special tokens (e.g. bos): add none on top.
         return self.encode(text, add_special_tokens=False) if tokenize else text
 

@@ -16,19 +16,25 @@ the rows it scored 0.0 because checking them hit a time limit. Built-ins:
                  time limits)
 
 :func:`resolve_reward` turns a config string into a function (import errors surface at start-up,
-not at the first step); :func:`score_batch` calls it and isolates rows that fail.
+not at the first step); :func:`score_batch` calls it and isolates rows that fail. A function of
+your own given a time limit (``reward_timeout_s``, the trainer's ``data.reward_timeout_s``) runs
+in a worker process that is killed at the limit (:class:`TimeLimitedReward`): a Python thread
+stuck in a loop, a regular expression or a C extension cannot be stopped, a process can.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import inspect
 import math
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
+from sagc_jax.tasks.deadline_pool import TIMED_OUT, DeadlinePool, WorkerError
 from sagc_jax.tasks.math_checker import (
     Verdict,
     check_symbolic,
@@ -45,6 +51,7 @@ __all__ = [
     "RewardFn",
     "RewardResult",
     "Scores",
+    "TimeLimitedReward",
     "math_reward",
     "resolve_reward",
     "score_batch",
@@ -144,14 +151,16 @@ def _one_line(err: BaseException, limit: int = 160) -> str:
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
-def resolve_reward(spec: str, **math_options) -> RewardFn:
+def resolve_reward(spec: str, *, reward_timeout_s: float = 0.0, **math_options) -> RewardFn:
     """A built-in name (``synthetic``, ``math``) or ``package.module:function`` -> the function.
 
     ``math_options`` (``timeout_s``, ``batch_timeout_s``, ``workers``) configure the built-in
     ``math`` reward (:class:`MathReward`); other rewards ignore them. The function part may be
-    dotted (``module:Class.method``). Raises :class:`RewardError` naming the spec when the module
-    cannot be imported, the attribute does not exist, it is not callable, or it cannot be called
-    with three positional lists.
+    dotted (``module:Class.method``). With ``reward_timeout_s > 0`` a ``module:function`` comes
+    back wrapped in a :class:`TimeLimitedReward` (run in a worker process, at most that many
+    seconds per batch); 0: the function itself, called in this process without a limit. Raises
+    :class:`RewardError` naming the spec when the module cannot be imported, the attribute does
+    not exist, it is not callable, or it cannot be called with three positional lists.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise RewardError(f"reward = {spec!r} must be a non-empty string")
@@ -195,6 +204,8 @@ def resolve_reward(spec: str, **math_options) -> RewardFn:
         ) from None
     except ValueError:  # no signature available (some builtins): trust it
         pass
+    if reward_timeout_s > 0:
+        return TimeLimitedReward(spec, obj, reward_timeout_s)
     return obj
 
 
@@ -202,7 +213,8 @@ def resolve_reward(spec: str, **math_options) -> RewardFn:
 class RewardResult:
     """Scores of a batch: ``rewards`` float32 [B]; ``failed`` the rows scored 0.0 because the
     function failed on them (empty when all is well); ``message`` a one-line summary or '';
-    ``timed_out`` the rows the function scored 0.0 at its time limit (:attr:`Scores.timed_out`).
+    ``timed_out`` the rows scored 0.0 at a time limit: those the function reported
+    (:attr:`Scores.timed_out`) and those it did not finish within ``data.reward_timeout_s``.
     """
 
     rewards: np.ndarray
@@ -234,6 +246,25 @@ def _call(fn: RewardFn, prompts, completions, answers) -> tuple[list[float | str
     return checked, timed_out
 
 
+def _score_calls(fn: RewardFn, calls: list[tuple[list, list, list]]) -> list[_Outcome]:
+    """Each call's outcome: in ``fn``'s worker under its time limit, or here."""
+    run = getattr(fn, "score_calls", None)
+    if run is not None:
+        return run(calls)
+    return [_Outcome(*_call(fn, *call)) for call in calls]
+
+
+def _reward_name(fn: RewardFn) -> str:
+    spec = getattr(fn, "spec", None)
+    if isinstance(spec, str):
+        return spec
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _rows(rows: Sequence[int]) -> str:
+    return f"{list(rows[:10])}" + ("..." if len(rows) > 10 else "")
+
+
 def score_batch(
     fn: RewardFn,
     prompts: Sequence[str],
@@ -243,12 +274,15 @@ def score_batch(
 ) -> RewardResult:
     """Score B completions with ``fn``, isolating rows that make it fail.
 
-    The batch is scored in one call. If that call raises or returns the wrong number of values,
-    each row is scored alone to find the culprits. A row fails when its call raises, returns
-    other than one value, or its value is not a finite number. ``on_error="raise"`` raises
-    :class:`RewardError` naming the first failing index and why; ``on_error="zero"`` scores the
-    failed rows 0.0 and lists them in :attr:`RewardResult.failed`. Rows that ``fn`` reports as
-    timed out (it returned a :class:`Scores`) are listed in :attr:`RewardResult.timed_out`.
+    The batch is scored in one call. If that call raises, returns the wrong number of values or
+    (a :class:`TimeLimitedReward`) runs past its time limit, each row is scored alone to find
+    the culprits. A row fails when its call raises, returns other than one value, or its value
+    is not a finite number; it overruns when its call alone runs past the limit (or is not
+    reached within it). ``on_error="raise"`` raises :class:`RewardError` naming the function,
+    the first such index and why; ``on_error="zero"`` scores those rows 0.0 and lists failed
+    rows in :attr:`RewardResult.failed`, overrun rows in :attr:`RewardResult.timed_out`. Rows
+    that ``fn`` reports as timed out (it returned a :class:`Scores`) are listed in
+    :attr:`RewardResult.timed_out` too.
     """
     if on_error not in ("raise", "zero"):
         raise ValueError(f"score_batch: on_error = {on_error!r} is not allowed; use raise or zero")
@@ -258,22 +292,137 @@ def score_batch(
             f"score_batch: got {len(prompts)} prompts, {n} completions, {len(answers)} answers;"
             " the three lists must have one entry per completion"
         )
-    values, timed_out = _call(fn, prompts, completions, answers)
+    [whole] = _score_calls(fn, [(list(prompts), list(completions), list(answers))])
+    values, timed_out = whole.values, whole.timed_out
+    overran = set(range(n)) if whole.overran else set()
     if n > 1 and all(isinstance(v, str) for v in values):  # whole-batch failure: isolate rows
-        rows = [_call(fn, [prompts[i]], [completions[i]], [answers[i]]) for i in range(n)]
-        values = [v[0] for v, _ in rows]
-        timed_out = {i for i, (_, t) in enumerate(rows) if t}
-    failed = tuple(i for i, v in enumerate(values) if isinstance(v, str))
+        rows = _score_calls(fn, [([prompts[i]], [completions[i]], [answers[i]]) for i in range(n)])
+        values = [row.values[0] for row in rows]
+        timed_out = {i for i, row in enumerate(rows) if row.timed_out}
+        overran = {i for i, row in enumerate(rows) if row.overran}
+    failed = tuple(i for i, v in enumerate(values) if isinstance(v, str) and i not in overran)
     rewards = np.array([0.0 if isinstance(v, str) else v for v in values], np.float32)
+    name = _reward_name(fn)
     message = ""
     if failed:
-        name = getattr(fn, "__qualname__", repr(fn))
         first = failed[0]
         message = (
-            f"reward {getattr(fn, '__module__', '?')}:{name} failed at index {first} of {n} "
-            f"({values[first]}); {len(failed)} row(s) failed: {list(failed[:10])}"
-            + ("..." if len(failed) > 10 else "")
+            f"reward {name} failed at index {first} of {n} ({values[first]}); "
+            f"{len(failed)} row(s) failed: {_rows(failed)}"
         )
         if on_error == "raise":
             raise RewardError(message)
-    return RewardResult(rewards.reshape(n), failed, message, tuple(sorted(timed_out)))
+    if overran:
+        first = min(overran)
+        alone = "" if n == 1 else ", and again scored alone"
+        overrun = (
+            f"reward {name} ran past data.reward_timeout_s = {fn.timeout_s:g} s at index "
+            f"{first} of {n} (completion {completions[first]!r:.60}){alone}; "
+            f"{len(overran)} row(s) unscored: {_rows(sorted(overran))}"
+        )
+        if on_error == "raise":
+            raise RewardError(
+                f"{overrun}; its worker process was stopped; fix the function, raise "
+                "data.reward_timeout_s, or set data.reward_on_error=zero to score such rows 0 "
+                "(counted in reward_timeouts)"
+            )
+        message = f"{message}; {overrun}" if message else overrun
+    return RewardResult(rewards.reshape(n), failed, message, tuple(sorted(timed_out | overran)))
+
+
+# --------------------------------------------------------------------------- time limits
+
+_LOADED: dict[str, RewardFn] = {}  # in a worker process: the functions imported by spec
+
+
+def _load_reward(spec: str) -> RewardFn:
+    if spec not in _LOADED:
+        _LOADED[spec] = resolve_reward(spec)
+    return _LOADED[spec]
+
+
+def _warm_up(spec: str) -> None:
+    """A worker's start: import the function before the clock starts (errors come per call)."""
+    try:
+        _load_reward(spec)
+    except Exception:
+        pass
+
+
+def _score_in_worker(spec: str, prompts, completions, answers) -> tuple[list, set[int]]:
+    try:
+        fn = _load_reward(spec)
+    except Exception as err:
+        return [f"could not be imported in its worker process ({_one_line(err)})"] * len(
+            completions
+        ), set()
+    return _call(fn, prompts, completions, answers)
+
+
+class _Outcome(NamedTuple):
+    """One call of a reward: per row a float or why it failed (str), the rows the function
+    reported as timed out, and whether it was stopped at its time limit."""
+
+    values: list
+    timed_out: set[int]
+    overran: bool = False
+
+
+class TimeLimitedReward:
+    """A reward function of your own, run in a worker process, ``timeout_s`` seconds per batch.
+
+    The worker (a fresh interpreter, started once and reused) imports the function by its
+    ``spec`` as :func:`resolve_reward` did, before the clock starts; it cannot reach the
+    trainer's accelerator or state. A call still running at the limit has its worker killed and
+    replaced; :func:`score_batch` then scores the batch one row at a time (on two workers from
+    then on; each row, and all rows together, within ``timeout_s`` again) to name the rows that
+    hang: a batch takes at most twice the limit.
+    ``fn`` is the function as imported here (for its name and signature).
+    """
+
+    def __init__(self, spec: str, fn: RewardFn, timeout_s: float):
+        if not timeout_s > 0:
+            raise ValueError(f"TimeLimitedReward: timeout_s = {timeout_s} must be > 0")
+        self.spec, self.fn, self.timeout_s = spec, fn, timeout_s
+        self._pool: DeadlinePool | None = None
+
+    def __repr__(self) -> str:
+        return f"TimeLimitedReward({self.spec!r}, timeout_s={self.timeout_s:g})"
+
+    def score_calls(self, calls: Sequence[tuple[list, list, list]]) -> list[_Outcome]:
+        """Run each ``(prompts, completions, answers)`` call in the worker, all of them within
+        ``timeout_s``; a call not finished by then is an overrun (every row a string)."""
+        if self._pool is None:
+            self._pool = DeadlinePool(1, warmup=functools.partial(_warm_up, self.spec))
+        if len(calls) > 1:  # rows one by one: a row that hangs holds one worker, not all rows
+            self._pool.grow(2)
+        try:
+            results = self._pool.map(
+                _score_in_worker,
+                [(self.spec, *call) for call in calls],
+                item_seconds=self.timeout_s,
+                total_seconds=self.timeout_s,
+            )
+        except RuntimeError as err:  # its worker exits before it is ready
+            raise RewardError(f"reward '{self.spec}': {err}") from None
+        outcomes = []
+        for (_, completions, _), out in zip(calls, results, strict=True):
+            n = len(completions)
+            if out is TIMED_OUT:
+                why = f"ran past data.reward_timeout_s = {self.timeout_s:g} s"
+                outcomes.append(_Outcome([why] * n, set(), overran=True))
+            elif isinstance(out, WorkerError):  # it died: os._exit, a crash in C code
+                outcomes.append(_Outcome([f"killed its worker process ({out})"] * n, set()))
+            else:
+                outcomes.append(_Outcome(*out))
+        return outcomes
+
+    def __call__(self, prompts: list[str], completions: list[str], answers: list[str]) -> Scores:
+        """Score one batch; raise :class:`RewardError` when a row fails or runs past the limit."""
+        result = score_batch(self, prompts, completions, answers, on_error="raise")
+        return Scores(result.rewards.tolist(), result.timed_out)
+
+    def close(self) -> None:
+        """Stop the worker process (a later call starts a new one)."""
+        if self._pool is not None:
+            self._pool.close()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -102,6 +101,7 @@ class SyntheticSource(PromptSource):
             timeout_s=d.math_timeout_s,
             batch_timeout_s=d.math_batch_timeout_s,
             workers=d.math_workers,
+            reward_timeout_s=d.reward_timeout_s,
         )
         self.rounds_per_step = rounds_per_step
         self.shard_index, self.num_shards = shard_index, num_shards
@@ -194,6 +194,7 @@ class DatasetSource(PromptSource):
             timeout_s=d.math_timeout_s,
             batch_timeout_s=d.math_batch_timeout_s,
             workers=d.math_workers,
+            reward_timeout_s=d.reward_timeout_s,
         )
         self.rounds_per_step = rounds_per_step
         self.shard_index, self.num_shards = shard_index, num_shards
@@ -275,12 +276,9 @@ def model_limits(cfg: Config) -> tuple[int, int, str]:
     """(positions, vocabulary size, name) of the configured model, without building it."""
     m = cfg.model
     if m.hf_checkpoint:
-        path = Path(m.hf_checkpoint) / "config.json"
-        try:
-            hf = json.loads(path.read_text())
-        except (OSError, ValueError) as err:
-            reason = getattr(err, "strerror", None) or str(err).splitlines()[0]
-            raise ConfigError(f"{path}: cannot read the model config ({reason})") from None
+        from sagc_jax.models.hf_checkpoint import read_hf_config
+
+        hf = read_hf_config(m.hf_checkpoint)  # one line naming the file if it is bad
         name = f"model.hf_checkpoint {m.hf_checkpoint}"
         # the defaults of models.config.DecoderConfig.from_hf_config (0: no vocabulary check)
         return int(hf.get("max_position_embeddings", 2048)), int(hf.get("vocab_size", 0)), name

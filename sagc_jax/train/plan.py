@@ -24,6 +24,7 @@ from sagc_jax.config import Config, ConfigError
 from sagc_jax.controller import make_controller
 from sagc_jax.models import PRESETS, Decoder, DecoderConfig, get_preset
 from sagc_jax.models import axes as ax
+from sagc_jax.models.hf_checkpoint import hf_architecture
 from sagc_jax.parallel import BATCH_AXES, MESH_AXES, RULES, mesh_shape
 from sagc_jax.sim.roofline import (
     HARDWARE,
@@ -68,9 +69,8 @@ def architecture(cfg: Config) -> tuple[DecoderConfig, str]:
     """The model's shapes: the HF checkpoint's config.json if present, else the preset."""
     m = cfg.model
     if m.hf_checkpoint and (Path(m.hf_checkpoint) / "config.json").is_file():
-        hf = json.loads((Path(m.hf_checkpoint) / "config.json").read_text())
-        arch = DecoderConfig.from_hf_config(
-            hf,
+        arch = hf_architecture(  # a bad config.json: one line naming it
+            m.hf_checkpoint,
             param_dtype=m.param_dtype,
             compute_dtype=m.compute_dtype,
             remat=m.remat,
