@@ -13,13 +13,24 @@ run died before sealing it) or that cannot be read is reported in one line and m
 ``<checkpoints>-rejected/`` (never deleted), and the next older one is tried. Parameters that
 are not finite are never written, and rotation deletes a step only once ``keep`` newer ones are
 sealed, so the last good checkpoint always survives.
+
+A full disk (or an exceeded quota) stops the run with one line instead of Orbax's tracebacks:
+before each save the free space is compared with the size of the newest checkpoint (a warning
+once when less than two fit, a refusal when not even one does), and a write that fails anyway
+(``ENOSPC``, raised in Orbax's write threads) has its partial step removed; sealed steps are
+kept, and the same command resumes from the newest once there is space.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import logging
+import os
 import shutil
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,14 +40,89 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from sagc_jax.parallel import from_leader, is_leader
+from sagc_jax.parallel import from_leader, gather_rows, is_leader
 
 _ARRAY_TAG = "__ndarray__"
 INTEGRITY_FILE = "integrity.json"
 
 
 class CheckpointError(RuntimeError):
-    """No checkpoint of a run can be restored (message is one line)."""
+    """No checkpoint of a run can be restored, or one cannot be written (message is one line)."""
+
+
+# ------------------------------------------------------------------ disk space
+
+_SPACE_ERRNOS = {errno.ENOSPC: "no space left", errno.EDQUOT: "disk quota exceeded"}
+# Orbax's array writes go through TensorStore, whose errors are ValueErrors carrying the text.
+_SPACE_TEXT = {
+    errno.ENOSPC: ("No space left on device", "os_error_code='28'"),
+    errno.EDQUOT: ("Disk quota exceeded", "os_error_code='122'"),
+}
+
+
+def space_errno(err: BaseException | None) -> int | None:
+    """``ENOSPC`` or ``EDQUOT`` when ``err`` (or an exception it was raised from or groups) is a
+    write that failed for lack of space, else None."""
+    seen: set[int] = set()
+    todo = [err]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _SPACE_ERRNOS:
+            return e.errno
+        text = str(e)
+        for code, marks in _SPACE_TEXT.items():
+            if any(mark in text for mark in marks):
+                return code
+        todo += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
+    return None
+
+
+class _QuietSpaceErrors(logging.Filter):
+    """Drops Orbax's log records (one traceback per write task) of a write that failed for lack
+    of space: the store reports that failure itself, in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and space_errno(record.exc_info[1]):
+            return False
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 (a malformed record is not ours to judge)
+            return True
+        return not any(mark in message for marks in _SPACE_TEXT.values() for mark in marks)
+
+
+def _quiet_orbax_space_errors() -> None:
+    absl_logger = logging.getLogger("absl")  # Orbax logs through absl
+    if not any(isinstance(f, _QuietSpaceErrors) for f in absl_logger.filters):
+        absl_logger.addFilter(_QuietSpaceErrors())
+
+
+def free_bytes(directory: Path) -> int:
+    """Bytes free to this user on the disk holding ``directory`` (the seam tests patch)."""
+    return shutil.disk_usage(directory).free
+
+
+def mount_point(path: Path) -> Path:
+    """The mount point of the filesystem that holds ``path``."""
+    path = path.absolute()
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def human_bytes(n: float) -> str:
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}" if unit == "GiB" else f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def tree_bytes(tree) -> int:
+    """Bytes of every array of ``tree`` (global arrays: all their shards)."""
+    return sum(int(np.size(x)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
 def to_json_tree(value: Any) -> Any:
@@ -105,36 +191,76 @@ class CheckpointStore:
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options)
         self._unsealed: list[int] = []
+        # (step, bytes it needs, whether that is measured) of the write in flight
+        self._in_flight: tuple[int, int, bool] | None = None
+        self._warned_space = False
+        self.resume_hint = "run the same command to resume"
+        _quiet_orbax_space_errors()
 
     # ------------------------------------------------------------------ writing
 
-    def save(self, step: int, items: dict[str, Any], meta: dict[str, Any]) -> bool:
+    def save(
+        self,
+        step: int,
+        items: dict[str, Any],
+        meta: dict[str, Any],
+        *,
+        report: Callable[[str], None] = print,
+        resume_hint: str | None = None,
+    ) -> bool:
         """Write step ``step``: each of ``items`` (name -> pytree of arrays) and ``meta`` (JSON).
 
         Returns False, writing nothing, when an item holds a non-finite value. Asynchronous:
         :meth:`seal_finished`, :meth:`wait` or the next save completes and seals it.
+
+        Raises :class:`CheckpointError` when the disk has no room for it: refused before
+        writing when the newest checkpoint is larger than the free space, or a write that failed
+        for lack of space (here or later, where it completes), its partial step removed.
+        ``report`` gets one warning when less than two checkpoints fit; ``resume_hint`` ends
+        the error (how to continue the run).
         """
         if not all(all_finite(tree) for tree in items.values()):
             return False
+        if resume_hint:
+            self.resume_hint = resume_hint
         self.wait()  # the previous step lands, is sealed and rotation runs first
+        json_meta = to_json_tree(meta)
+        self._in_flight = (step, *self._check_space(step, items, json_meta, report))
         args = {name: ocp.args.StandardSave(tree) for name, tree in items.items()}
-        args["meta"] = ocp.args.JsonSave(to_json_tree(meta))
-        self.manager.save(step, args=ocp.args.Composite(**args), force=True)
+        args["meta"] = ocp.args.JsonSave(json_meta)
+        try:
+            self.manager.save(step, args=ocp.args.Composite(**args), force=True)
+        except Exception as err:
+            if space_errno(err) is None:
+                raise
+            self._no_space(space_errno(err), step)
         self._unsealed.append(step)
         return True
 
     def seal_finished(self) -> None:
-        """Seal the steps whose write has finished, without waiting for one in flight."""
+        """Seal the steps whose write has finished, without waiting for one in flight (a write
+        that failed for lack of space raises :class:`CheckpointError` here)."""
         if self._unsealed and not self.manager.is_saving_in_progress():
+            self._finish_write()
             self._seal()
 
     def wait(self) -> None:
         """Finish every write in flight, seal it, and rotate old steps out."""
-        self.manager.wait_until_finished()
+        self._finish_write()
         self._seal()
         complete = self.manager.all_steps()
         for step in sorted(complete)[: max(len(complete) - self.keep, 0)]:
             self.manager.delete(step)  # collective: every process rotates the same steps
+
+    def _finish_write(self) -> None:
+        """Wait for the write in flight; Orbax re-raises here what failed in its threads."""
+        try:
+            self.manager.wait_until_finished()
+        except Exception as err:
+            code = space_errno(err)
+            if code is None or self._in_flight is None:
+                raise
+            self._no_space(code, self._in_flight[0])
 
     def _seal(self) -> None:
         for step in self._unsealed:
@@ -142,9 +268,103 @@ class CheckpointStore:
             if is_leader() and step_dir.is_dir():
                 record = {"step": step, "files": _file_record(step_dir)}
                 tmp = step_dir / (INTEGRITY_FILE + ".tmp")
-                tmp.write_text(json.dumps(record, indent=1))
-                tmp.rename(step_dir / INTEGRITY_FILE)
+                try:
+                    tmp.write_text(json.dumps(record, indent=1))
+                    tmp.rename(step_dir / INTEGRITY_FILE)
+                except OSError as err:
+                    if space_errno(err) is None:
+                        raise
+                    self._no_space(space_errno(err), step)
         self._unsealed = []
+        self._in_flight = None
+
+    # ------------------------------------------------------------------ disk space
+
+    def _newest_sealed(self) -> int | None:
+        steps = [
+            int(p.name)
+            for p in self.directory.iterdir()
+            if p.name.isdigit() and (p / INTEGRITY_FILE).is_file()
+        ]
+        return max(steps, default=None)
+
+    def _where(self) -> str:
+        return f"{self.directory} (the disk mounted at {mount_point(self.directory)})"
+
+    def _check_space(self, step: int, items: dict[str, Any], meta: Any, report) -> tuple[int, bool]:
+        """(bytes step ``step`` needs, whether measured): the newest sealed checkpoint's size,
+        else an estimate (array bytes + meta). Raises :class:`CheckpointError` when a measured
+        size does not fit the free space (the least of every process's); warns once when two
+        do not fit."""
+        newest = self._newest_sealed() if is_leader() else None
+        measured = newest is not None
+        if measured:
+            needed = sum(p.stat().st_size for p in (self.directory / str(newest)).rglob("*"))
+        else:  # an estimate can overstate (Orbax compresses): it only warns, a write decides
+            needed = tree_bytes(items) + len(json.dumps(meta))
+        needed = int(from_leader(np.int64(needed)))
+        measured = bool(from_leader(np.bool_(measured)))
+        free = int(gather_rows(np.array([free_bytes(self.directory)], np.int64)).min())
+        if measured and free < needed:
+            raise CheckpointError(self._space_message("no space left", step, needed, free, True))
+        if free < 2 * needed and not self._warned_space:
+            self._warned_space = True
+            if is_leader():
+                size = f"~{human_bytes(needed)}" + ("" if measured else " (estimated)")
+                report(
+                    f"low disk space on {self._where()}: {human_bytes(free)} free, a "
+                    f"checkpoint takes {size}; when one no longer fits the run stops, keeping "
+                    f"its sealed checkpoints"
+                )
+        return needed, measured
+
+    def _no_space(self, code: int, step: int):
+        """A write of ``step`` failed for lack of space: remove what it left, raise one line."""
+        flight = self._in_flight if self._in_flight and self._in_flight[0] == step else None
+        needed, measured = flight[1:] if flight else (0, True)
+        self._in_flight = None
+        self._unsealed = [s for s in self._unsealed if s != step]
+        if is_leader():
+            self._remove_partial(step)
+        self.manager.reload()
+        free = free_bytes(self.directory)
+        raise CheckpointError(
+            self._space_message(_SPACE_ERRNOS[code], step, needed, free, measured)
+        )
+
+    def _remove_partial(self, step: int, attempts: int = 5) -> None:
+        """Delete what the failed write of ``step`` left: Orbax's temporary directory, or the
+        step itself when it landed but was never sealed (a resume would reject it)."""
+        # Orbax raises the first failure while its other write tasks still run: let them end,
+        # or they recreate the directories removed under them.
+        deadline = time.monotonic() + 60
+        for thread in threading.enumerate():
+            if type(thread).__module__.startswith("orbax.") and thread.is_alive():
+                thread.join(max(deadline - time.monotonic(), 0))
+        step_dir = self.directory / str(step)
+        for _ in range(attempts):
+            partial = list(self.directory.glob(f"{step}.orbax-checkpoint-tmp*"))
+            if step_dir.is_dir() and not (step_dir / INTEGRITY_FILE).is_file():
+                partial.append(step_dir)
+            if not partial:
+                return
+            for path in partial:
+                shutil.rmtree(path, ignore_errors=True)
+            time.sleep(0.2)  # a write still in flight would show up again
+
+    def _space_message(self, what: str, step: int, needed: int, free: int, measured: bool) -> str:
+        newest = self._newest_sealed()
+        kept = (
+            f"sealed checkpoints kept (newest: step {newest})"
+            if newest is not None
+            else "no checkpoint was sealed yet (a rerun starts from step 0)"
+        )
+        need = f"needed ~{human_bytes(needed)}{'' if measured else ' (estimated)'}, "
+        need = need if needed else ""
+        return (
+            f"{what} on {self._where()} while saving step {step}: {need}{human_bytes(free)} "
+            f"free; {kept}; free space, then {self.resume_hint}"
+        )
 
     # ------------------------------------------------------------------ reading
 
@@ -269,8 +489,10 @@ class CheckpointStore:
         return from_json_tree(json.loads(path.read_text()))
 
     def close(self) -> None:
-        self.wait()
-        self.manager.close()
+        try:
+            self.wait()
+        finally:
+            self.manager.close()
 
 
 def newest_verified_meta(directory: str | Path) -> tuple[int | None, dict]:
