@@ -136,16 +136,20 @@ def test_a_damaged_file_is_one_line_naming_it(
     assert not (case / "run").exists()  # a refused start leaves nothing behind
 
 
-def test_plan_names_a_damaged_hf_config(good_files, tmp_path, capsys):
+@pytest.mark.parametrize(
+    "command", [["plan", "--set", "model.hf_checkpoint=HF"], ["simulate", "--as-model", "HF"]]
+)
+def test_plan_and_simulate_name_a_damaged_hf_config(good_files, tmp_path, capsys, command):
     case = tmp_path / "case"
     shutil.copytree(good_files, case)
-    cut()(case / HF_CFG)
-    (case / "c.yaml").write_text("{}\n")
-    code = main(
-        ["plan", "--config", str(case / "c.yaml"), "--set", f"model.hf_checkpoint={case / 'hf'}"]
-    )
+    put("[]")(case / HF_CFG)
+    (case / "c.yaml").write_text("sim:\n  steps: 2\n")
+    args = [a.replace("HF", str(case / "hf")) for a in command]
+    run = ["--set", f"logging.run_dir={case / 'run'}"]
+    code = main([args[0], "--config", str(case / "c.yaml"), *args[1:], *run])
     err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and f"{case / HF_CFG}:" in err, err
+    assert code == 2 and err.count("\n") == 1 and f"{case / HF_CFG}: " in err, err
+    assert "must be a JSON object" in err and "Traceback" not in err, err
 
 
 # --------------------------------------------------------------------------- hanging rewards

@@ -135,13 +135,22 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _config_file(path: str) -> str:
+    """``path``/config.json, or ``path`` itself when it is a .json file."""
+    path = str(path)
+    if path.endswith(".json") and os.path.isfile(path):
+        return path
+    return os.path.join(path, "config.json")
+
+
 def read_hf_config(path: str) -> dict:
-    """The ``config.json`` of the Hugging Face checkpoint directory ``path``, checked.
+    """The ``config.json`` of the Hugging Face checkpoint directory ``path`` (or that file),
+    checked.
 
     Raises ConfigError (one line naming the file) when it cannot be read, is not a complete JSON
     object, lacks a size the architecture needs, or holds a value of the wrong kind.
     """
-    file = os.path.join(path, "config.json")
+    file = _config_file(path)
     hf = read_json(file, "model config")
     for key in _HF_SIZES:
         if key not in hf:
@@ -165,7 +174,8 @@ def read_hf_config(path: str) -> dict:
 
 
 def hf_architecture(path: str, **overrides) -> DecoderConfig:
-    """The `DecoderConfig` of checkpoint directory ``path`` (``overrides``: dtypes, remat, ...);
+    """The `DecoderConfig` of checkpoint directory ``path`` or its config.json (``overrides``:
+    dtypes, remat, ...);
     ConfigError naming its config.json for anything unreadable or unsupported."""
     hf = read_hf_config(path)
     try:
@@ -174,7 +184,7 @@ def hf_architecture(path: str, **overrides) -> DecoderConfig:
         why = str(err).removeprefix("config.json ")
         if isinstance(err, KeyError):
             why = f"no {err}"
-        raise ConfigError(f"{os.path.join(path, 'config.json')}: {why}") from None
+        raise ConfigError(f"{_config_file(path)}: {why}") from None
 
 
 def _open_safetensors(file: str):

@@ -10,7 +10,6 @@ devices, so no device is needed and nothing is allocated.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 
@@ -102,9 +101,9 @@ def timed_architecture(cfg: Config) -> tuple[DecoderConfig, str]:
             "checkpoint directory or config.json"
         )
     try:
-        return DecoderConfig.from_hf_config(json.loads(path.read_text()), **dtypes), name
-    except (ValueError, KeyError, TypeError) as err:  # json.JSONDecodeError is a ValueError
-        raise ConfigError(f"sim.model: {path}: {err}") from None
+        return hf_architecture(str(path), **dtypes), name
+    except ConfigError as err:  # names the file: truncated, not an object, a bad size
+        raise ConfigError(f"sim.model: {err}") from None
 
 
 def step_timer(cfg: Config, padded_width: int) -> StepTimer:
