@@ -5,14 +5,13 @@ a row of README's Reliability table."""
 
 import errno
 import os
-from collections import namedtuple
 
 import pytest
 from helpers import TINY, sets
 
 import sagc_jax.train.loop as loop
 from sagc_jax.cli import main
-from sagc_jax.train import preflight, runlock
+from sagc_jax.train import checkpoint, runlock
 from sagc_jax.train.runlock import LOCK_FILE
 
 FAST = [*TINY, "logging.tensorboard=false", "train.async_checkpoint=false", "train.steps=2"]
@@ -72,8 +71,7 @@ def test_a_directory_that_cannot_be_written_is_refused_first(
 def test_a_disk_without_room_for_a_checkpoint_is_refused_before_compiling(
     tmp_path, capsys, monkeypatch
 ):
-    usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: usage(10**9, 10**9, 1000))
+    monkeypatch.setattr(checkpoint, "free_bytes", lambda directory: 1000)
 
     def no_compile(*args, **kwargs):
         raise AssertionError("a program was built before the disk check")
@@ -82,7 +80,7 @@ def test_a_disk_without_room_for_a_checkpoint_is_refused_before_compiling(
     run = tmp_path / "run"
     assert train(run) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"error: {run}: 0.00 GiB free on its disk, one checkpoint needs about")
+    assert err.startswith(f"error: {run}: 1000 B free on its disk, one checkpoint needs about")
     assert not run.exists()
 
 

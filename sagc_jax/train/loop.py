@@ -47,7 +47,7 @@ from sagc_jax.train.packing import (
     row_multiple,
 )
 from sagc_jax.train.policy import build_sharded_policy, build_tokenizer, load_run_params
-from sagc_jax.train.preflight import check_device_memory, check_free_space, tree_bytes
+from sagc_jax.train.preflight import check_device_memory, check_free_space
 from sagc_jax.train.programs import PolicyPrograms, StateShardings, UpdateSettings, batch_spec
 from sagc_jax.train.report import read_metrics, summarize
 from sagc_jax.train.rollout import Rollouts, generate
@@ -285,7 +285,7 @@ class Trainer:
             self.tx, jax.eval_shape(self.tx.init, self.params), param_shardings
         )
         self.opt_state = jax.jit(self.tx.init, out_shardings=opt_shardings)(self.params)
-        check_free_space(self.run_dir, tree_bytes((self.params, self.opt_state)))  # every process
+        check_free_space(self.run_dir, (self.params, self.opt_state))  # on every process
         self.ref_params = None
         if cfg.loss.kl_beta > 0:
             copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=param_shardings)

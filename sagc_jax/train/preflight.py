@@ -5,12 +5,12 @@ the run directory's disk. Each refusal is one line naming the size and the key t
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import jax
 
 from sagc_jax.config import Config, ConfigError
+from sagc_jax.train import checkpoint
 from sagc_jax.train.runlock import RunDirError
 
 GIB = 1024**3
@@ -65,18 +65,15 @@ def check_device_memory(cfg: Config) -> None:
     )
 
 
-def tree_bytes(tree) -> int:
-    """Bytes of every array of ``tree`` (global arrays: all their shards)."""
-    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
-
-
-def check_free_space(run_dir: str | Path, needed: int) -> None:
-    """RunDirError when the disk of ``run_dir`` has less than ``needed`` bytes free (the
-    parameters and optimizer state one checkpoint holds)."""
-    free = shutil.disk_usage(run_dir).free
+def check_free_space(run_dir: str | Path, items) -> None:
+    """RunDirError when the disk of ``run_dir`` has less room than a checkpoint of ``items``
+    (the parameters and optimizer state, uncompressed: what a checkpoint holds once the
+    optimizer's moments are no longer zeros)."""
+    needed = checkpoint.tree_bytes(items)
+    free = checkpoint.free_bytes(Path(run_dir))
     if free < needed:
         raise RunDirError(
-            f"{run_dir}: {free / GIB:.2f} GiB free on its disk, one checkpoint needs about "
-            f"{needed / GIB:.2f} GiB (parameters and optimizer state); free space or use another "
-            f"logging.run_dir"
+            f"{run_dir}: {checkpoint.human_bytes(free)} free on its disk, one checkpoint needs "
+            f"about {checkpoint.human_bytes(needed)} (parameters and optimizer state); free space "
+            f"or use another logging.run_dir"
         )
