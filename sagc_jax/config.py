@@ -376,8 +376,8 @@ class TrainConfig(_Section):
         10.0,
         ge=0.0,
         help="a step whose gradient norm exceeds this many times the median of the last "
-        "train.spike_window steps is a spike: no checkpoint is written until spike_window steps "
-        "pass without one, so the last checkpoint stays one from before it; 0: off",
+        "train.spike_window steps is a spike: no checkpoint is written (but the final one) until "
+        "spike_window steps pass without one, so the last stays one from before it; 0: off",
     )
     spike_window: int = option(20, ge=2, help="steps of gradient norms a spike is judged against")
     eval_every: int = option(0, ge=0, help="steps between held-out evaluations; 0: start and end")

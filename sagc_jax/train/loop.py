@@ -906,7 +906,7 @@ class Trainer:
                 # clocks differ between processes: all save when any is due
                 or any_process(minutes and time.perf_counter() - last_save >= 60 * minutes)
             )
-            if due and step <= self.quiet_until:
+            if due and step <= self.quiet_until and step < t.steps:  # the last is kept
                 self._say(
                     f"step {step}: checkpoint held back after the gradient-norm spike of step "
                     f"{self.spike_step} (train.spike_factor); the last one is step "
