@@ -79,6 +79,7 @@ RESUMABLE_CHANGES = (
     "sampling.decode_chunk",
     # bounds that only cut pathological reward checks short
     "data.math_timeout_s",
+    "data.reward_timeout_s",
     "data.math_batch_timeout_s",
     "data.math_workers",
 )
