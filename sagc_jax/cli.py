@@ -24,6 +24,7 @@ from sagc_jax.config import Config, ConfigError, load_config, to_dict
 
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3  # training stopped: too many non-finite updates in a row
+# 4 (sagc_jax.parallel.distributed.EXIT_PEER_LOST): another process of the run died or failed
 
 
 class UserError(Exception):
@@ -203,12 +204,62 @@ def _sft_locked(args: argparse.Namespace, cfg: Config, out_dir: Path) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    import jax
-
-    from sagc_jax.parallel import initialize, is_leader
+    from sagc_jax.parallel import initialize, watch_peers
+    from sagc_jax.parallel.distributed import DONE, FAILED, STOPPED
 
     cfg = load_config(args.config, args.overrides)
-    initialize(args.coordinator, args.num_processes, args.process_id)  # before any device use
+    # before any device use
+    initialize(args.coordinator, args.num_processes, args.process_id, args.peer_timeout)
+    from sagc_jax.train.faults import received
+
+    run: dict = {}  # the run directory and the trainer, once they exist
+    watch = watch_peers(args.peer_timeout, lambda what: _peer_lost_line(run, what))
+    mark = FAILED  # what the other processes learn of this one's end
+    try:
+        code = _train(cfg, args, run)
+        mark = DONE
+        return code
+    except Exception as err:
+        if received() is not None:
+            mark = STOPPED  # main() ends this process at once
+        elif watch is not None and not isinstance(err, _bad_input_errors()):
+            watch.explain()  # exits when another process died, stopped or failed
+        raise
+    except BaseException:  # Interrupted: main() ends this process at once
+        mark = STOPPED
+        raise
+    finally:
+        if watch is not None:
+            watch.finish(mark)
+
+
+def _peer_lost_line(run: dict, what: str) -> str:
+    """The line a surviving process prints when another process of the run died or failed:
+    which one, the last sealed checkpoint, how to resume. Releases the run lock first (process
+    0 holds it) since the process exits without cleaning up."""
+    from sagc_jax.train.checkpoint import INTEGRITY_FILE
+
+    if (trainer := run.get("trainer")) is not None:
+        with contextlib.suppress(Exception):
+            trainer.lock.release()
+    if run.get("dir") is None:
+        return f"train: {what}; nothing was saved yet; run the same command on every process"
+    ckpt = Path(run["dir"]) / "checkpoints"
+    sealed = [
+        int(p.name)
+        for p in (ckpt.iterdir() if ckpt.is_dir() else ())
+        if p.name.isdigit() and (p / INTEGRITY_FILE).is_file()
+    ]
+    saved = (
+        f"the last checkpoint is step {max(sealed)} in {ckpt}" if sealed else "no checkpoint yet"
+    )
+    return f"train: {what}; {saved}; run the same command on every process to resume"
+
+
+def _train(cfg: Config, args: argparse.Namespace, run: dict) -> int:
+    import jax
+
+    from sagc_jax.parallel import is_leader
     from sagc_jax.train.faults import resume_hint
     from sagc_jax.train.loop import Trainer, TrainingDiverged
 
@@ -218,9 +269,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             "default name holds each process's own start time)"
         )
 
-    out_dir = _run_dir(cfg, args.config, "train")
+    out_dir = run["dir"] = _run_dir(cfg, args.config, "train")
     try:
-        trainer = Trainer(cfg, out_dir)
+        trainer = run["trainer"] = Trainer(cfg, out_dir)
     except BaseException:
         with contextlib.suppress(OSError):
             out_dir.rmdir()  # a start refused in a new directory leaves none behind
@@ -477,6 +528,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dist.add_argument("--num-processes", type=int, metavar="N", help="processes in the run")
     dist.add_argument("--process-id", type=int, metavar="I", help="this process, 0..N-1")
+    dist.add_argument(
+        "--peer-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="a process whose heartbeat stops for this long is dead: the others stop within it "
+        "(+1 s) with one line naming it and the last checkpoint, exit code 4 (default: "
+        "%(default)g; jax.distributed's own heartbeat timeout is set to twice this)",
+    )
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser(

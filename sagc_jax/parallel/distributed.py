@@ -1,14 +1,32 @@
-"""Multi-process runs on JAX's own runtime: start-up and the few host-side collectives.
+"""Multi-process runs on JAX's own runtime: start-up, the few host-side collectives, and the
+watch that stops the survivors of a process that died.
 
 Every process runs the same program on its own slice of the rows; the host values they must
 agree on (the group size of a step, whether to checkpoint or stop, the rollout statistics the
 controller sees) go through ``jax.experimental.multihost_utils``. In a single process every
 helper here is the identity.
+
+**A process that dies.** jax.distributed finds a dead process by its heartbeats (100 s by
+default), then its runtime ends every other process with a fatal error: a C++ stack dump and
+SIGABRT, which Python cannot catch (jaxlib 0.10's ``missed_heartbeat_callback`` cannot call
+Python: it throws ``std::bad_cast``). So every process also beats in the coordination service's
+key-value store (:class:`PeerWatch`, once a second) and checks the others' beats: a process
+whose beat has not changed for ``peer_timeout_s`` seconds is dead, and every survivor prints one
+line naming it and exits with :data:`EXIT_PEER_LOST`, within ``peer_timeout_s`` + 1 s of the
+death. The runtime's own heartbeat timeout is set to twice that, so that this watch speaks
+first; it stays as the backstop. Process 0 hosts the coordination service: when it dies, the
+others lose the service at once and the runtime ends them within a second with its own fatal
+message (exit 134); nothing in jaxlib 0.10 lets Python replace that message.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import sys
+import threading
+import time
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -17,16 +35,27 @@ from jax.experimental import multihost_utils
 from sagc_jax.config import ConfigError
 
 ENV_VARS = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+PEER_TIMEOUT_S = 10.0  # --peer-timeout: seconds without a beat after which a process is dead
+EXIT_PEER_LOST = 4  # exit code of the survivors of a process that died or stopped
 
 
-def initialize(coordinator: str | None, num_processes: int | None, process_id: int | None) -> bool:
+def initialize(
+    coordinator: str | None,
+    num_processes: int | None,
+    process_id: int | None,
+    peer_timeout_s: float = PEER_TIMEOUT_S,
+) -> bool:
     """Start ``jax.distributed`` when asked; returns whether this is a multi-process run.
 
     coordinator: ``HOST:PORT`` of process 0 (with num_processes and process_id), ``auto`` (Cloud
     TPU VMs, SLURM, Open MPI detect everything) or None. Without the flag, the environment
     variables JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID are used when set.
+    peer_timeout_s: seconds without a beat after which a process counts as dead (see
+    :class:`PeerWatch`); jax.distributed's own heartbeat timeout is twice that.
     Must run before anything touches a device.
     """
+    if not peer_timeout_s >= 1:
+        raise ConfigError(f"--peer-timeout {peer_timeout_s:g}: expected at least 1 (seconds)")
     if coordinator is None and os.environ.get("JAX_COORDINATOR_ADDRESS"):
         missing = [v for v in ENV_VARS if not os.environ.get(v)]
         if missing:
@@ -44,8 +73,9 @@ def initialize(coordinator: str | None, num_processes: int | None, process_id: i
     # CPU processes talk through gloo (the default CPU collectives stay inside one process);
     # GPU and TPU collectives are unaffected by this setting.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    heartbeat = {"heartbeat_timeout_seconds": math.ceil(2 * peer_timeout_s)}
     if coordinator == "auto":
-        jax.distributed.initialize()
+        jax.distributed.initialize(**heartbeat)
         return jax.process_count() > 1
     if num_processes is None or process_id is None:
         raise ConfigError(
@@ -58,7 +88,7 @@ def initialize(coordinator: str | None, num_processes: int | None, process_id: i
         raise ConfigError(
             f"--process-id {process_id} is outside [0, {num_processes}) (--num-processes)"
         )
-    jax.distributed.initialize(coordinator, num_processes, process_id)
+    jax.distributed.initialize(coordinator, num_processes, process_id, **heartbeat)
     return num_processes > 1
 
 
@@ -94,3 +124,184 @@ def any_process(flag: bool) -> bool:
     if jax.process_count() == 1:
         return bool(flag)
     return bool(np.any(multihost_utils.process_allgather(np.asarray(flag, np.bool_))))
+
+
+# ---------------------------------------------------------------------- a process that dies
+
+_KEY = "sagc_jax/peer/"
+# What a process leaves in place of its beat when it ends: DONE (finished, or stopped with the
+# others by the step loop), FAILED (an exception: it goes on to jax.distributed's shutdown, a
+# barrier of every process), STOPPED (a signal outside the step loop: it exits without that
+# shutdown), LOST (it saw another process die and exits without that shutdown).
+DONE, FAILED, STOPPED, LOST = "done", "failed", "stopped", "lost"
+_END_MARKS = (DONE, FAILED, STOPPED, LOST)
+
+
+class PeerWatch:
+    """Every process's beat in jax.distributed's key-value store, checked by every other.
+
+    A thread writes this process's beat (a counter) every ``interval_s`` (1 s; a quarter of
+    ``timeout_s`` when that is shorter) and reads every other's. A process whose beat has not
+    changed for ``timeout_s`` seconds and that left no end mark is dead; one that left FAILED or
+    STOPPED has ended. Either way this process prints ``report(what)`` (one line) and exits with
+    :data:`EXIT_PEER_LOST`: after a death or a STOPPED without jax.distributed's shutdown (its
+    barrier would wait for the missing process, then abort), after a FAILED through it (the
+    failed process waits there for everyone). A FAILED or STOPPED mark counts once it is
+    ``timeout_s`` old, so that a process stopping for the same reason (a signal to every
+    process, the same error everywhere) reports its own end. When a collective fails, the main
+    thread calls :meth:`explain` before it reports anything itself.
+    """
+
+    def __init__(
+        self, client, process_id: int, num_processes: int, timeout_s: float, report
+    ) -> None:
+        self.client, self.me, self.n = client, process_id, num_processes
+        self.timeout_s = timeout_s
+        self.interval_s = min(1.0, timeout_s / 4)
+        self.report: Callable[[str], str] = report
+        self._seen: dict[int, tuple[str | None, float]] = {}  # peer -> (value, when it changed)
+        self._seen_lock = threading.Lock()
+        self._exit_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sagc-jax-peer-watch", daemon=True)
+
+    def start(self) -> PeerWatch:
+        self._exchange(0)
+        self._thread.start()
+        return self
+
+    def _values(self) -> dict[int, str]:
+        return {int(k.rsplit("/", 1)[-1]): v for k, v in self.client.key_value_dir_get(_KEY)}
+
+    def _exchange(self, beat: int) -> None:
+        """Write this process's beat, read everyone's."""
+        self.client.key_value_set(f"{_KEY}{self.me}", str(beat), allow_overwrite=True)
+        values = self._values()
+        now = time.monotonic()
+        with self._seen_lock:
+            for peer in range(self.n):
+                if peer != self.me and self._seen.get(peer, ("", 0.0))[0] != values.get(peer):
+                    self._seen[peer] = (values.get(peer), now)
+
+    def _run(self) -> None:
+        beat, unanswered_since = 0, None
+        while not self._stop.wait(self.interval_s):
+            beat += 1
+            try:
+                self._exchange(beat)
+                unanswered_since = None
+            except Exception:  # the coordination service does not answer (process 0 is gone)
+                unanswered_since = unanswered_since or time.monotonic()
+                if time.monotonic() - unanswered_since > self.timeout_s:
+                    what = (
+                        f"process 0 of {self.n} (the jax.distributed coordinator) stopped "
+                        f"answering ({self.timeout_s:g} s, --peer-timeout)"
+                    )
+                    self._lost(what, shutdown=False)
+                continue
+            if (verdict := self._verdict(grace=True)) is not None:
+                self._lost(*verdict)
+
+    def _verdict(self, grace: bool) -> tuple[str, bool] | None:
+        """(what happened to the first process that died, stopped or failed; whether it takes
+        part in jax.distributed's shutdown), or None. ``grace``: count an end mark only once it
+        is ``timeout_s`` old."""
+        now = time.monotonic()
+        with self._seen_lock:
+            seen = sorted(self._seen.items())
+        for peer, (value, since) in seen:
+            old = now - since > self.timeout_s
+            who = f"process {peer} of {self.n}"
+            if value not in _END_MARKS and old:
+                return (
+                    f"{who} stopped responding (no heartbeat for {self.timeout_s:g} s, "
+                    f"--peer-timeout)",
+                    False,
+                )
+            if value == STOPPED and (old or not grace):
+                return f"{who} was stopped by a signal", False
+            if value == FAILED and (old or not grace):
+                return f"{who} failed (see its output)", True
+        return None
+
+    def _lost(self, what: str, shutdown: bool) -> None:
+        """Print the one line and exit; ``shutdown``: through jax.distributed's shutdown."""
+        if self._stop.is_set() and threading.current_thread() is self._thread:
+            return  # this process is finishing: it no longer speaks for the run
+        with self._exit_lock:  # one line, from whichever thread comes first
+            try:
+                line = self.report(what)
+            except Exception as err:  # the line must come out whatever the hook does
+                line = f"{what} ({type(err).__name__} while describing the run: {err})"
+            sys.stdout.flush()
+            print(line, file=sys.stderr, flush=True)
+            try:
+                if shutdown:
+                    jax.distributed.shutdown()
+                else:
+                    self.client.key_value_set(f"{_KEY}{self.me}", LOST, allow_overwrite=True)
+                    if self.me == 0:
+                        self._let_the_others_go_first()
+            except Exception:
+                pass
+            os._exit(EXIT_PEER_LOST)
+
+    def _let_the_others_go_first(self) -> None:
+        """Process 0 hosts the coordination service, and the runtime aborts every process that
+        loses it: wait (3 beats at most) for every other survivor's end mark."""
+        now = time.monotonic()
+        with self._seen_lock:
+            waiting = {
+                p
+                for p, (value, since) in self._seen.items()
+                if value not in _END_MARKS and now - since <= self.timeout_s
+            }
+        deadline = time.monotonic() + 3 * self.interval_s
+        while waiting and time.monotonic() < deadline:
+            values = self._values()
+            waiting = {p for p in waiting if values.get(p) not in _END_MARKS}
+            time.sleep(0.2)  # also lets the last of them reach its exit after its mark
+
+    def explain(self) -> None:
+        """After a collective failed in this process: exit naming a process that died, stopped
+        or failed, or return (the failure is this process's own) once every other process has
+        beaten twice since (one change seen could be a beat written just before it died).
+
+        Takes at most ``timeout_s`` + 2 beats."""
+        deadline = time.monotonic() + self.timeout_s + 2 * self.interval_s
+        last: dict[int, str | None] | None = None
+        changes = dict.fromkeys(range(self.n), 0)
+        while True:
+            if (verdict := self._verdict(grace=False)) is not None:
+                self._lost(*verdict)
+            with self._seen_lock:
+                values = {p: v for p, (v, _) in self._seen.items()}
+            for peer, value in values.items():
+                changes[peer] += last is not None and value != last[peer]
+            beating = [p for p, v in values.items() if v not in _END_MARKS]
+            if all(changes[p] >= 2 for p in beating) or time.monotonic() > deadline:
+                return
+            last = values
+            time.sleep(self.interval_s / 2)
+
+    def finish(self, mark: str) -> None:
+        """Stop watching and leave ``mark`` (DONE, FAILED or STOPPED) in place of the beat."""
+        self._stop.set()
+        self._thread.join(timeout=5 * self.interval_s)
+        try:
+            self.client.key_value_set(f"{_KEY}{self.me}", mark, allow_overwrite=True)
+        except Exception:
+            pass  # the service is gone: nobody is left to read the mark
+
+
+def watch_peers(timeout_s: float, report: Callable[[str], str]) -> PeerWatch | None:
+    """Start this process's :class:`PeerWatch`; None in a single-process run.
+
+    ``report(what)`` turns "process 1 of 2 stopped responding (...)" into the line to print
+    (adding what was saved and how to resume)."""
+    from jax._src import distributed  # the client that jax.distributed.initialize connected
+
+    state = distributed.global_state
+    if state.client is None or state.num_processes == 1:
+        return None
+    return PeerWatch(state.client, state.process_id, state.num_processes, timeout_s, report).start()

@@ -1,0 +1,144 @@
+"""A process of a multi-process run dies: the survivors stop with one line naming it and the last
+checkpoint (exit code 4) within --peer-timeout, instead of waiting out jax.distributed's
+heartbeat and aborting with a C++ stack dump, and the same command on every process resumes."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from helpers import TINY
+
+from sagc_jax.config import ConfigError
+from sagc_jax.parallel import EXIT_PEER_LOST, initialize
+from sagc_jax.parallel.distributed import FAILED, PeerWatch
+
+TESTS = Path(__file__).parent
+ROOT = TESTS.parent
+
+RUN = [
+    *TINY,
+    "train.prompts_per_step=4",
+    "logging.tensorboard=false",
+    "logging.plots=false",
+    "train.checkpoint_every=2",
+    "train.async_checkpoint=false",  # step 2 is sealed before step 3 starts
+    "train.steps=4",
+]
+
+
+# ---------------------------------------------------------------------- the watch, in-process
+
+
+class _Store:
+    """The two calls PeerWatch makes on jax.distributed's client, over a dict."""
+
+    def __init__(self):
+        self.values: dict[str, str] = {}
+        self.lock = threading.Lock()
+
+    def key_value_set(self, key, value, allow_overwrite=False):
+        with self.lock:
+            self.values[key] = value
+
+    def key_value_dir_get(self, prefix):
+        with self.lock:
+            return [(k, v) for k, v in self.values.items() if k.startswith(prefix)]
+
+
+def _watches(n=2, timeout_s=1.0):
+    store = _Store()
+    return [
+        PeerWatch(store, i, n, timeout_s, lambda what: f"train: {what}; saved").start()
+        for i in range(n)
+    ]
+
+
+# the watch's thread "exits" (raises SystemExit) in the tests below
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_the_watch_tells_a_dead_a_failed_and_a_live_process_apart(monkeypatch, capsys):
+    with pytest.raises(ConfigError, match="--peer-timeout 0.5: expected at least 1"):
+        initialize("localhost:1234", 2, 0, peer_timeout_s=0.5)
+    exits = []
+
+    def exit_(code):
+        exits.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr(os, "_exit", exit_)
+
+    # every process beats: a failure of this process's own is handed back within two beats
+    first, second = _watches()
+    first.explain()
+    assert exits == []
+    # the other one ended with an error: one line naming it as soon as a collective fails
+    second.finish(FAILED)
+    with pytest.raises(SystemExit):
+        first.explain()
+    first.finish(FAILED)
+    assert exits == [EXIT_PEER_LOST]
+    assert capsys.readouterr().err == "train: process 1 of 2 failed (see its output); saved\n"
+
+    # the other one stops beating (SIGKILL): the watch's thread finds it within the timeout
+    first, second = _watches()
+    second._stop.set()  # no more beats, no end mark
+    first._thread.join(timeout=10)
+    assert exits == [EXIT_PEER_LOST] * 2
+    assert capsys.readouterr().err == (
+        "train: process 1 of 2 stopped responding (no heartbeat for 1 s, --peer-timeout); saved\n"
+    )
+
+
+# ---------------------------------------------------------------------- two real processes
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _two_processes(run_dir, crash_at=None):
+    """Start both processes of the run; process 1 kills itself at ``crash_at``."""
+    port = _free_port()
+    procs = []
+    for i in range(2):
+        env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(TESTS)])
+        env.pop("JAX_COORDINATOR_ADDRESS", None)
+        if crash_at and i == 1:
+            env["SAGC_JAX_CRASH_AT"] = crash_at
+        cmd = [sys.executable, "-m", "sagc_jax", "train"]
+        cmd += [f"--set={o}" for o in [*RUN, f"logging.run_dir={run_dir}"]]
+        cmd += [f"--coordinator=localhost:{port}", "--num-processes=2", f"--process-id={i}"]
+        cmd += ["--peer-timeout=2"]
+        procs.append(
+            subprocess.Popen(
+                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+    # the hang guard: without the watch the survivor would wait jax.distributed's heartbeat
+    outs = [p.communicate(timeout=400) for p in procs]
+    return [p.returncode for p in procs], outs
+
+
+def test_a_killed_process_stops_the_survivor_with_one_line_and_the_rerun_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    codes, outs = _two_processes(run_dir, crash_at="rollout:3")  # SIGKILL in step 4
+    err = outs[0][1]
+    assert codes == [EXIT_PEER_LOST, -signal.SIGKILL], err[-3000:]
+    assert [line for line in err.splitlines() if line.strip()] == [
+        "train: process 1 of 2 stopped responding (no heartbeat for 2 s, --peer-timeout); the "
+        f"last checkpoint is step 2 in {run_dir}/checkpoints; run the same command on every "
+        "process to resume"
+    ]
+    assert not (run_dir / "run.lock").exists()  # released before the exit
+
+    codes, outs = _two_processes(run_dir)
+    assert codes == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
+    assert f"resuming {run_dir} from step 2" in outs[0][0]
+    assert (run_dir / "checkpoints" / "4" / "integrity.json").is_file()
