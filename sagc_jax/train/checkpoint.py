@@ -302,9 +302,11 @@ class CheckpointStore:
             needed = sum(p.stat().st_size for p in (self.directory / str(newest)).rglob("*"))
         else:  # an estimate can overstate (Orbax compresses): it only warns, a write decides
             needed = tree_bytes(items) + len(json.dumps(meta))
-        needed = int(from_leader(np.int64(needed)))
+        # as float32: JAX's collectives carry 32-bit values (x64 off), which int byte counts
+        # over 2 GiB would overflow; float32 keeps them to 1e-7 of their size
+        needed = int(from_leader(np.float32(needed)))
         measured = bool(from_leader(np.bool_(measured)))
-        free = int(gather_rows(np.array([free_bytes(self.directory)], np.int64)).min())
+        free = int(gather_rows(np.array([free_bytes(self.directory)], np.float32)).min())
         if measured and free < needed:
             raise CheckpointError(self._space_message("no space left", step, needed, free, True))
         if free < 2 * needed and not self._warned_space:
