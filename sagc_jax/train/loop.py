@@ -406,11 +406,11 @@ class Trainer:
         """Refuse (ConfigError) a resume whose data files changed since the checkpoint, unless
         ``train.resume_changed_data``; checkpoints from before data identities were recorded
         are not checked."""
-        step = meta["step"]
         for key, saved in meta.get("data", {}).items():
             now = self.data_identity.get(key)
             if now is None or now["sha256"] == saved["sha256"]:
                 continue  # the key itself changing is a config difference, refused above
+            step = meta["step"]
             what = (
                 f"{now['path']}: changed since the checkpoint of step {step} ({key}: "
                 f"{saved['size']:,} -> {now['size']:,} bytes, sha256 {saved['sha256'][:12]} -> "
