@@ -296,17 +296,15 @@ def load_hf_checkpoint(
     return nnx.merge(graphdef, state), cfg
 
 
-def save_hf_checkpoint(
-    model: Decoder, config: DecoderConfig, path: str, max_shard_bytes: int | None = None
+def write_safetensors(
+    tensors: dict[str, jax.Array],
+    path: str,
+    stem: str = "model",
+    max_shard_bytes: int | None = None,
 ) -> None:
-    """Writes config.json and safetensors (sharded with an index past `max_shard_bytes`)."""
+    """Writes ``tensors`` into ``path``/``stem``.safetensors, or past ``max_shard_bytes`` into
+    shards ``stem``-00001-of-0000n.safetensors listed by ``stem``.safetensors.index.json."""
     os.makedirs(path, exist_ok=True)
-    flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
-    _check_table_covers(config, set(flat))
-    tensors = {
-        hf_name: jnp.asarray(transform.to_hf(flat[param_path][...]))
-        for hf_name, param_path, transform in expand_rules(config)
-    }
     shards: list[dict[str, jax.Array]] = [{}]
     size = 0
     for name, x in tensors.items():
@@ -317,21 +315,45 @@ def save_hf_checkpoint(
         size += x.nbytes
     metadata = {"format": "pt"}  # transformers refuses safetensors without it
     if len(shards) == 1:
-        safetensors.flax.save_file(tensors, os.path.join(path, "model.safetensors"), metadata)
-    else:
-        weight_map = {}
-        for k, shard in enumerate(shards):
-            file = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
-            safetensors.flax.save_file(shard, os.path.join(path, file), metadata)
-            weight_map.update({name: file for name in shard})
-        index = {
-            "metadata": {"total_size": int(sum(x.nbytes for x in tensors.values()))},
-            "weight_map": weight_map,
-        }
-        with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
-            json.dump(index, f, indent=2)
+        safetensors.flax.save_file(tensors, os.path.join(path, f"{stem}.safetensors"), metadata)
+        return
+    weight_map = {}
+    for k, shard in enumerate(shards):
+        file = f"{stem}-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+        safetensors.flax.save_file(shard, os.path.join(path, file), metadata)
+        weight_map.update({name: file for name in shard})
+    index = {
+        "metadata": {"total_size": int(sum(x.nbytes for x in tensors.values()))},
+        "weight_map": weight_map,
+    }
+    with open(os.path.join(path, f"{stem}.safetensors.index.json"), "w") as f:
+        json.dump(index, f, indent=2)
+
+
+def save_hf_params(
+    flat: dict[tuple, jax.Array],
+    config: DecoderConfig,
+    path: str,
+    max_shard_bytes: int | None = None,
+) -> None:
+    """Writes config.json and safetensors from parameter path -> array: every parameter of a
+    model with config ``config``, no other (adapters merged first: ``hf_lora.merge_lora``)."""
+    _check_table_covers(config, set(flat))
+    tensors = {
+        hf_name: jnp.asarray(transform.to_hf(flat[param_path]))
+        for hf_name, param_path, transform in expand_rules(config)
+    }
+    write_safetensors(tensors, path, max_shard_bytes=max_shard_bytes)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config.to_hf_config(), f, indent=2)
+
+
+def save_hf_checkpoint(
+    model: Decoder, config: DecoderConfig, path: str, max_shard_bytes: int | None = None
+) -> None:
+    """Writes config.json and safetensors (sharded with an index past `max_shard_bytes`)."""
+    flat = {p: v[...] for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    save_hf_params(flat, config, path, max_shard_bytes)
 
 
 def hf_shapes(cfg: DecoderConfig) -> dict[str, tuple[int, ...]]:
@@ -350,4 +372,6 @@ __all__ = [
     "load_hf_checkpoint",
     "read_hf_config",
     "save_hf_checkpoint",
+    "save_hf_params",
+    "write_safetensors",
 ]
