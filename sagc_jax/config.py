@@ -110,6 +110,9 @@ class _Section:
 
 # --------------------------------------------------------------------------- sections
 
+# Projections LoRA can adapt (models.config.LORA_TARGETS; this module imports no jax).
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig(_Section):
@@ -136,6 +139,34 @@ class ModelConfig(_Section):
         help="attention of the full forward (update, log-probs; decoding always uses einsum): "
         "auto picks cudnn on GPU in bfloat16, splash on TPU, einsum otherwise",
     )
+    lora_rank: int = option(
+        0,
+        ge=0,
+        help="rank of the LoRA adapters trained instead of the weights (docs/lora.md); 0: no "
+        "LoRA, every weight is trained",
+    )
+    lora_alpha: float = option(
+        16.0, gt=0.0, help="LoRA scale: adapters add lora_alpha / lora_rank times (x @ A) @ B"
+    )
+    lora_targets: tuple[str, ...] = option(
+        LORA_TARGETS,
+        choices=LORA_TARGETS,
+        help="projections that get adapters, by their Hugging Face / PEFT module names",
+    )
+    lora_dropout: float = option(
+        0.0, ge=0.0, lt=1.0, help="dropout on the adapters' input in the update (not sampling)"
+    )
+
+    def check(self) -> None:
+        if self.lora_rank and not self.lora_targets:
+            raise ConfigError(
+                f"model.lora_targets is empty with model.lora_rank = {self.lora_rank}; name at "
+                f"least one of {list(LORA_TARGETS)}, or set model.lora_rank = 0"
+            )
+        if len(set(self.lora_targets)) != len(self.lora_targets):
+            raise ConfigError(
+                f"model.lora_targets = {list(self.lora_targets)} names a projection twice"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

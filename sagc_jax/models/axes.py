@@ -45,12 +45,13 @@ def param(
     dtype,
     fan_in: int = 1,
     index: int = 0,
+    kind: type[nnx.Param] = nnx.Param,
 ) -> nnx.Param:
     """A parameter with logical axes `axes` (one name per dimension of `shape`).
 
     `init` is "normal" (std 1/sqrt(fan_in), drawn from fold_in(key, index)), "zeros" or "ones".
     The logical names are kept as metadata only (no eager sharding), so building the model needs
-    no mesh.
+    no mesh. `kind` is the variable type (a subclass of `nnx.Param`, e.g. the LoRA adapters').
     """
     if len(axes) != len(shape):
         raise ValueError(f"parameter of shape {shape} given {len(axes)} axis names {axes}")
@@ -62,7 +63,7 @@ def param(
         value = jnp.asarray(np.ones(shape), dtype)
     else:
         raise ValueError(f"unknown init {init!r}; allowed: normal, zeros, ones")
-    return nnx.Param(value, out_sharding=axes, eager_sharding=False)
+    return kind(value, out_sharding=axes, eager_sharding=False)
 
 
 @functools.partial(jax.jit, static_argnames=("shape", "dtype"))

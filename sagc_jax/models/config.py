@@ -15,6 +15,8 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 REMAT_POLICIES = ("none", "full", "dots")
 ATTENTION_PATHS = ("auto", "einsum", "cudnn", "splash")  # models.layers.resolve_attention
 _FAMILIES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+# Projections LoRA can adapt, by their Hugging Face / PEFT module names (models.lora).
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +40,8 @@ class DecoderConfig:
     F intermediate_size, N num_heads, K num_kv_heads, H head_dim.
     `param_dtype` is the storage dtype of the weights, `compute_dtype` the dtype of matmul inputs
     and activations; softmax, log-probs and logits are always float32.
+    `lora_rank` > 0 adds LoRA adapters of that rank to the `lora_targets` projections, scaled by
+    `lora_alpha / lora_rank` (see `models.lora`); 0 builds the plain model.
     """
 
     family: str = "llama"  # "llama" or "qwen2": only decides the HF architecture name
@@ -60,6 +64,9 @@ class DecoderConfig:
     attention: str = "auto"  # full-forward attention: "auto", "einsum", "cudnn" or "splash"
     bos_id: int | None = None
     eos_ids: tuple[int, ...] = ()
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = LORA_TARGETS
 
     def __post_init__(self):
         if self.family not in _FAMILIES:
@@ -84,6 +91,15 @@ class DecoderConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"DecoderConfig.head_dim={self.head_dim} must be even for RoPE")
+        if self.lora_rank < 0:
+            raise ValueError(
+                f"DecoderConfig.lora_rank={self.lora_rank}; allowed: >= 0 (0: no LoRA)"
+            )
+        unknown = sorted(set(self.lora_targets) - set(LORA_TARGETS))
+        if unknown:
+            raise ValueError(
+                f"DecoderConfig.lora_targets has {unknown}; allowed: {', '.join(LORA_TARGETS)}"
+            )
 
     @property
     def param_jnp_dtype(self):

@@ -1,7 +1,7 @@
 """Decoder building blocks: RMSNorm, RoPE (with `llama3` scaling), grouped-query attention, SwiGLU.
 
 Shapes use B batch, T query length, S key length (cache length), D model, N query heads,
-K kv heads, G = N // K query heads per kv head, H head dim, F mlp.
+K kv heads, G = N // K query heads per kv head, H head dim, F mlp, R LoRA rank.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import numpy as np
 from flax import nnx
 
 from sagc_jax.models import axes as ax
+from sagc_jax.models import lora
 from sagc_jax.models.config import ATTENTION_PATHS, DecoderConfig, Llama3RopeScaling
 
 # Finite, so that a query row with every key masked (a left-padding slot) stays NaN-free.
@@ -242,6 +243,7 @@ class Attention(nnx.Module):
             self.q_bias_nh = ax.param(None, "zeros", (n, h), (ax.Q_HEADS, ax.HEAD_DIM), dt)
             self.k_bias_kh = ax.param(None, "zeros", (k, h), (ax.KV_HEADS, ax.HEAD_DIM), dt)
             self.v_bias_kh = ax.param(None, "zeros", (k, h), (ax.KV_HEADS, ax.HEAD_DIM), dt)
+        lora.add_adapters(self, cfg, key, "attn")
 
     def __call__(
         self,
@@ -262,6 +264,9 @@ class Attention(nnx.Module):
         q_btnh = jnp.einsum("BTD,DNH->BTNH", x_btd, self.q_dnh[...].astype(cd))
         k_btkh = jnp.einsum("BTD,DKH->BTKH", x_btd, self.k_dkh[...].astype(cd))
         v_btkh = jnp.einsum("BTD,DKH->BTKH", x_btd, self.v_dkh[...].astype(cd))
+        q_btnh = lora.adapted(self, "q_proj", q_btnh, x_btd, "BTD,DR->BTR;BTR,RNH->BTNH")
+        k_btkh = lora.adapted(self, "k_proj", k_btkh, x_btd, "BTD,DR->BTR;BTR,RKH->BTKH")
+        v_btkh = lora.adapted(self, "v_proj", v_btkh, x_btd, "BTD,DR->BTR;BTR,RKH->BTKH")
         if self.qkv_bias:
             q_btnh = q_btnh + self.q_bias_nh[...].astype(cd)
             k_btkh = k_btkh + self.k_bias_kh[...].astype(cd)
@@ -296,6 +301,7 @@ class Attention(nnx.Module):
             implementation=self.implementation,
         )
         y_btd = jnp.einsum("BTNH,NHD->BTD", out_btnh, self.o_nhd[...].astype(cd))
+        y_btd = lora.adapted(self, "o_proj", y_btd, out_btnh, "BTNH,NHR->BTR;BTR,RD->BTD")
         return y_btd, new_cache
 
 
@@ -310,10 +316,14 @@ class MLP(nnx.Module):
         self.gate_df = ax.param(key, "normal", (d, f), in_axes, dt, fan_in=d, index=0)
         self.up_df = ax.param(key, "normal", (d, f), in_axes, dt, fan_in=d, index=1)
         self.down_fd = ax.param(key, "normal", (f, d), out_axes, dt, fan_in=f, index=2)
+        lora.add_adapters(self, cfg, key, "mlp")
 
     def __call__(self, x_btd: jax.Array) -> jax.Array:
         cd = self.compute_dtype
         gate_btf = jnp.einsum("BTD,DF->BTF", x_btd, self.gate_df[...].astype(cd))
         up_btf = jnp.einsum("BTD,DF->BTF", x_btd, self.up_df[...].astype(cd))
+        gate_btf = lora.adapted(self, "gate_proj", gate_btf, x_btd, "BTD,DR->BTR;BTR,RF->BTF")
+        up_btf = lora.adapted(self, "up_proj", up_btf, x_btd, "BTD,DR->BTR;BTR,RF->BTF")
         h_btf = ax.constrain(jax.nn.silu(gate_btf) * up_btf, (ax.BATCH, ax.LENGTH, ax.ACT_MLP))
-        return jnp.einsum("BTF,FD->BTD", h_btf, self.down_fd[...].astype(cd))
+        y_btd = jnp.einsum("BTF,FD->BTD", h_btf, self.down_fd[...].astype(cd))
+        return lora.adapted(self, "down_proj", y_btd, h_btf, "BTF,FR->BTR;BTR,RD->BTD")

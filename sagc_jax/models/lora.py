@@ -1,0 +1,128 @@
+"""LoRA adapters of the decoder's projections: their variable type, how a layer gets them, what
+they add to its output, and the weight change they stand for.
+
+An adapted weight W (say ``q_dnh``, [D, N, H]) gets two adapters named after it: A
+(``q_lora_a_dr``, [D, R]) and B (``q_lora_b_rnh``, [R, N, H]), R the rank. The projection then
+computes x @ W + (alpha / R) * (x @ A) @ B, which is x @ (W + delta) with delta = (alpha / R) *
+A @ B contracted over R (:func:`delta`, in W's own layout). A is drawn normal with std
+1/sqrt(in features) (the role of PEFT's kaiming-uniform A, whose std is 1/sqrt(3 in)), B is
+zeros: a fresh adapter leaves the model exactly as it was. Adapters are float32 whatever the
+weights' dtype (as PEFT keeps them), and carry the logical axes of the dimensions they share
+with W (None for R), so one sharding plan splits weights and adapters by the same rules.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from sagc_jax.models import axes as ax
+from sagc_jax.models.config import DecoderConfig
+
+# flax's LoRA variable type (a subclass of nnx.Param): ``nnx.split(model, LoRAParam, ...)``
+# separates the adapters from the weights they adapt (and Tunix/qwix filters recognise them).
+LoRAParam = nnx.LoRAParam
+
+
+class Target(NamedTuple):
+    """Where a LoRA target lives: the layer module, the weight and its two adapters' names."""
+
+    module: str  # "attn" (layers.Attention) or "mlp" (layers.MLP)
+    weight: str
+    a: str  # [in dims..., R]: the letters after "_a_" are the input dims, then "r"
+    b: str  # [R, out dims...]
+
+
+# By Hugging Face / PEFT module name (models.config.LORA_TARGETS).
+TARGETS = {
+    "q_proj": Target("attn", "q_dnh", "q_lora_a_dr", "q_lora_b_rnh"),
+    "k_proj": Target("attn", "k_dkh", "k_lora_a_dr", "k_lora_b_rkh"),
+    "v_proj": Target("attn", "v_dkh", "v_lora_a_dr", "v_lora_b_rkh"),
+    "o_proj": Target("attn", "o_nhd", "o_lora_a_nhr", "o_lora_b_rd"),
+    "gate_proj": Target("mlp", "gate_df", "gate_lora_a_dr", "gate_lora_b_rf"),
+    "up_proj": Target("mlp", "up_df", "up_lora_a_dr", "up_lora_b_rf"),
+    "down_proj": Target("mlp", "down_fd", "down_lora_a_fr", "down_lora_b_rd"),
+}
+_BY_A = {t.a: t for t in TARGETS.values()}
+_FIRST_INDEX = 16  # A's draw: fold_in(module key, 16 + i), after the module's own weights' draws
+
+
+def scale(cfg: DecoderConfig) -> float:
+    """alpha / R, the factor of every adapter's output."""
+    return cfg.lora_alpha / cfg.lora_rank
+
+
+def add_adapters(module: nnx.Module, cfg: DecoderConfig, key: jax.Array, kind: str) -> None:
+    """Gives ``module`` (a layer of ``kind`` "attn" or "mlp") the adapters of its weights named in
+    ``cfg.lora_targets``, shaped and named by those weights (no-op when ``cfg.lora_rank`` is 0)."""
+    r = cfg.lora_rank
+    if not r:
+        return
+    module.lora_scale = scale(cfg)
+    for i, (name, t) in enumerate(TARGETS.items()):
+        if t.module != kind or name not in cfg.lora_targets:
+            continue
+        weight = getattr(module, t.weight)
+        shape, axes = weight.shape, tuple(weight.get_metadata()["out_sharding"])
+        ins = len(t.a.rsplit("_", 1)[1]) - 1  # input dims of W: "dr" -> 1, "nhr" -> 2
+        a = ax.param(
+            key,
+            "normal",
+            (*shape[:ins], r),
+            (*axes[:ins], None),
+            jnp.float32,
+            fan_in=math.prod(shape[:ins]),
+            index=_FIRST_INDEX + i,
+            kind=LoRAParam,
+        )
+        b_shape, b_axes = (r, *shape[ins:]), (None, *axes[ins:])
+        b = ax.param(None, "zeros", b_shape, b_axes, jnp.float32, kind=LoRAParam)
+        setattr(module, t.a, a)
+        setattr(module, t.b, b)
+
+
+def adapted(module: nnx.Module, target: str, y: jax.Array, x: jax.Array, specs: str) -> jax.Array:
+    """``y`` (the output x @ W) plus the adapter's (alpha / R) * (x @ A) @ B when ``module``
+    adapts ``target``, else ``y`` unchanged. ``specs``: the two einsums, e.g.
+    "BTD,DR->BTR;BTR,RNH->BTNH". In ``y``'s dtype (the compute dtype)."""
+    t = TARGETS[target]
+    if not hasattr(module, t.a):
+        return y
+    a_spec, b_spec = specs.split(";")
+    cd = y.dtype
+    x_a = jnp.einsum(a_spec, x, getattr(module, t.a)[...].astype(cd))
+    return y + module.lora_scale * jnp.einsum(b_spec, x_a, getattr(module, t.b)[...].astype(cd))
+
+
+def delta(a: jax.Array, b: jax.Array, lora_scale: float) -> jax.Array:
+    """float32 (alpha / R) * A @ B: A [in..., R] and B [R, out...] -> [in..., out...], the
+    change of the adapted weight in its own layout (``delta_dnh`` of q_proj, ``delta_nhd`` of
+    o_proj, ...)."""
+    return lora_scale * jnp.tensordot(a.astype(jnp.float32), b.astype(jnp.float32), axes=1)
+
+
+def merge_adapters(adapters: nnx.State, base: nnx.State, lora_scale: float) -> nnx.State:
+    """``base`` (the weights of the model without adapters) with every adapted weight replaced
+    by W + delta, in W's dtype: the state of the plain model that computes what the adapted one
+    does. ``adapters``: the LoRAParam part of the adapted model (``nnx.split(model, LoRAParam,
+    ...)``); jit-friendly."""
+    weights = dict(nnx.to_flat_state(base))
+    pieces = dict(nnx.to_flat_state(adapters))
+    for path, a in pieces.items():
+        *where, name = path
+        t = _BY_A.get(name)
+        if t is None:
+            continue  # a B: taken with its A
+        w = weights[(*where, t.weight)]
+        d = delta(a[...], pieces[(*where, t.b)][...], lora_scale)
+        weights[(*where, t.weight)] = w.replace((w[...].astype(jnp.float32) + d).astype(w.dtype))
+    return nnx.from_flat_state(weights)
+
+
+def without_adapters(cfg: DecoderConfig) -> DecoderConfig:
+    """The architecture of the base model (no adapters) of ``cfg``."""
+    return cfg.replace(lora_rank=0)
