@@ -204,10 +204,12 @@ def _sft_locked(args: argparse.Namespace, cfg: Config, out_dir: Path) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from sagc_jax.parallel import initialize, watch_peers
+    from sagc_jax.parallel import initialize, supervisor, watch_peers
     from sagc_jax.parallel.distributed import DONE, FAILED, STOPPED
 
     cfg = load_config(args.config, args.overrides)
+    if _multi_process(args) and not supervisor.is_child():
+        return _supervise_train(cfg, args)
     # before any device use
     initialize(args.coordinator, args.num_processes, args.process_id, args.peer_timeout)
     from sagc_jax.train.faults import received
@@ -231,6 +233,33 @@ def cmd_train(args: argparse.Namespace) -> int:
     finally:
         if watch is not None:
             watch.finish(mark)
+
+
+def _multi_process(args: argparse.Namespace) -> bool:
+    """Whether this train command is one process of several (or may be: ``auto``)."""
+    if args.coordinator is not None:
+        return args.num_processes != 1
+    return (
+        bool(os.environ.get("JAX_COORDINATOR_ADDRESS"))
+        and os.environ.get("JAX_NUM_PROCESSES") != "1"
+    )
+
+
+def _supervise_train(cfg: Config, args: argparse.Namespace) -> int:
+    """This process's training, run by ``sagc_jax.parallel.supervisor`` in a child process, so
+    that the runtime's abort when process 0 dies ends in one line (exit code 4) here too."""
+    from sagc_jax.parallel import supervisor
+
+    run_dir = Path(cfg.logging.run_dir) if cfg.logging.run_dir else None
+    num_processes = args.num_processes
+    if num_processes is None and (env := os.environ.get("JAX_NUM_PROCESSES", "")).isdigit():
+        num_processes = int(env)
+
+    def line(what: str) -> str:
+        return _peer_lost_line({"dir": run_dir if run_dir and run_dir.is_dir() else None}, what)
+
+    command = [sys.executable, "-m", "sagc_jax", *args.argv]
+    return supervisor.supervise(command, num_processes, line)
 
 
 def _peer_lost_line(run: dict, what: str) -> str:
@@ -688,6 +717,7 @@ def main(argv: list[str] | None = None) -> int:
     from sagc_jax.train.faults import Interrupted, received, stop_signals
 
     args = build_parser().parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)  # what a supervised child reruns
 
     def stopped(stop: Interrupted) -> int:
         print(stop.message(args.command), file=sys.stderr)

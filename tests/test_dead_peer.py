@@ -14,7 +14,7 @@ import pytest
 from helpers import TINY
 
 from sagc_jax.config import ConfigError
-from sagc_jax.parallel import EXIT_PEER_LOST, initialize
+from sagc_jax.parallel import EXIT_PEER_LOST, initialize, supervisor
 from sagc_jax.parallel.distributed import FAILED, PeerWatch
 
 TESTS = Path(__file__).parent
@@ -102,15 +102,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _two_processes(run_dir, crash_at=None):
-    """Start both processes of the run; process 1 kills itself at ``crash_at``."""
+def _two_processes(run_dir, crash_at=None, crashing=1):
+    """Start both processes of the run; process ``crashing`` kills itself at ``crash_at``."""
     port = _free_port()
     procs = []
     for i in range(2):
         env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(TESTS)])
         env.pop("JAX_COORDINATOR_ADDRESS", None)
-        if crash_at and i == 1:
+        if crash_at and i == crashing:
             env["SAGC_JAX_CRASH_AT"] = crash_at
         cmd = [sys.executable, "-m", "sagc_jax", "train"]
         cmd += [f"--set={o}" for o in [*RUN, f"logging.run_dir={run_dir}"]]
@@ -142,3 +142,78 @@ def test_a_killed_process_stops_the_survivor_with_one_line_and_the_rerun_resumes
     assert codes == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
     assert f"resuming {run_dir} from step 2" in outs[0][0]
     assert (run_dir / "checkpoints" / "4" / "integrity.json").is_file()
+
+
+def test_the_coordinators_death_ends_the_survivor_with_one_line_and_the_rerun_resumes(tmp_path):
+    """Process 0 hosts jax.distributed's coordination service: when it dies, the runtime aborts
+    the others at once (SIGABRT, a C++ stack dump); each process trains in a supervised child,
+    and the supervisor turns that abort into the one line."""
+    run_dir = tmp_path / "run"
+    codes, outs = _two_processes(run_dir, crash_at="rollout:3", crashing=0)  # SIGKILL in step 4
+    err = outs[1][1]
+    assert codes == [-signal.SIGKILL, EXIT_PEER_LOST], err[-3000:]
+    assert [line for line in err.splitlines() if line.strip()] == [
+        "train: process 0 of 2 (the jax.distributed coordinator) disappeared; the last "
+        f"checkpoint is step 2 in {run_dir}/checkpoints; run the same command on every process "
+        "to resume"
+    ]
+
+    codes, outs = _two_processes(run_dir)
+    assert codes == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
+    assert f"resuming {run_dir} from step 2" in outs[0][0]
+    assert (run_dir / "checkpoints" / "4" / "integrity.json").is_file()
+
+
+# ---------------------------------------------------------------------- the supervisor
+
+_FATAL = (
+    "E1201 18:37:15.874677 22917 coordination_service_agent.cc:289] Polled an error from "
+    "coordination service (this can be an error from this or another task).\\n"
+    "F1201 18:37:15.875014 22917 client.h:80] Terminating process because the JAX distributed "
+    "service detected fatal errors. absl::Status: UNAVAILABLE: Failed to send RPC to "
+    "coordination service. Either the leader task was preempted/died\\n"
+    "*** Check failure stack trace: ***\\n"
+)
+
+
+def _supervised(script: str, capfd, **kwargs):
+    code = supervisor.supervise(
+        [sys.executable, "-c", script], 2, lambda what: f"train: {what}; saved", **kwargs
+    )
+    return code, capfd.readouterr()
+
+
+def test_the_supervisor_passes_output_through_and_replaces_only_the_runtimes_abort(capfd):
+    # the runtime aborts the child after the coordination service's error: one line, exit 4
+    abort = f"import os, sys; print('step 3'); sys.stderr.write('warn\\n{_FATAL}'); os.abort()"
+    code, out = _supervised(abort, capfd)
+    assert code == EXIT_PEER_LOST
+    assert out.out == "step 3\n"
+    assert out.err == (
+        "warn\ntrain: process 0 of 2 (the jax.distributed coordinator) disappeared; saved\n"
+    )
+    # the same lines from a child that lives on are printed as they were, its code kept
+    code, out = _supervised(f"import sys; sys.stderr.write('{_FATAL}'); sys.exit(3)", capfd)
+    assert code == 3 and out.err == _FATAL.replace("\\n", "\n")
+    # another fatal error of the service is named by its status
+    other = "F1201 1 client.h:80] coordination service: absl::Status: INTERNAL: boom. more\\n"
+    code, out = _supervised(f"import os, sys; sys.stderr.write('{other}'); os.abort()", capfd)
+    assert code == EXIT_PEER_LOST
+    assert out.err == (
+        "train: jax.distributed's coordination service ended this process: INTERNAL: boom; saved\n"
+    )
+
+
+def test_the_supervisor_forwards_a_signal_once_and_keeps_the_childs_exit_code(capfd):
+    # the child (its handler in place) signals the supervisor, which forwards the signal to it
+    # once; the child ends with 128 + 15 per signal seen, and the supervisor returns that code
+    script = (
+        "import os, signal, sys, time\n"
+        "seen = []\n"
+        "signal.signal(signal.SIGTERM, lambda s, f: seen.append(s))\n"
+        "os.kill(os.getppid(), signal.SIGTERM)\n"
+        "while not seen: time.sleep(0.01)\n"
+        "time.sleep(0.2); print('stopped', flush=True); sys.exit(128 + len(seen) * 15)\n"
+    )
+    code, out = _supervised(script, capfd)
+    assert (code, out.out) == (143, "stopped\n")

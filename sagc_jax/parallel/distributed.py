@@ -16,7 +16,9 @@ line naming it and exits with :data:`EXIT_PEER_LOST`, within ``peer_timeout_s`` 
 death. The runtime's own heartbeat timeout is set to twice that, so that this watch speaks
 first; it stays as the backstop. Process 0 hosts the coordination service: when it dies, the
 others lose the service at once and the runtime ends them within a second with its own fatal
-message (exit 134); nothing in jaxlib 0.10 lets Python replace that message.
+message; nothing in jaxlib 0.10 lets Python replace that message from inside the process, so
+each process of a multi-process run trains in a child process and its parent
+(``sagc_jax.parallel.supervisor``) prints the one line instead, with the same exit code.
 """
 
 from __future__ import annotations
