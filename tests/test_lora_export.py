@@ -1,8 +1,6 @@
 """LoRA export: merged Hugging Face weights and PEFT-layout adapters, checked against
 transformers + PEFT's own LoRA forward (CPU torch)."""
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,9 +10,8 @@ import torch
 import transformers
 from flax import nnx
 
-from sagc_jax.models import load_hf_checkpoint
-from sagc_jax.models.hf_checkpoint import save_hf_params
-from sagc_jax.models.hf_lora import TARGETS, merge_lora, save_peft_adapters
+from sagc_jax.models import Decoder, load_hf_checkpoint, lora
+from sagc_jax.models.hf_lora import save_merged, save_peft_adapters
 
 COMMON = dict(
     vocab_size=97,
@@ -32,7 +29,7 @@ CASES = {
         transformers.LlamaConfig,
         transformers.LlamaForCausalLM,
         dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False),
-        tuple(TARGETS),
+        tuple(lora.TARGETS),
     ),
     # q/k/v biases (not adapted: bias "none"), tied embeddings, a subset of projections
     "qwen2": (
@@ -44,16 +41,6 @@ CASES = {
 }
 TOKENS_BT = np.random.RandomState(0).randint(0, COMMON["vocab_size"], (2, 16)).astype(np.int32)
 RANK, ALPHA = 4, 8.0
-
-
-@dataclasses.dataclass(frozen=True)
-class LoraShape:
-    """The DecoderConfig fields the export reads."""
-
-    num_layers: int
-    lora_rank: int
-    lora_alpha: float
-    lora_targets: tuple[str, ...]
 
 
 def _randomize(model: torch.nn.Module, seed: int) -> None:
@@ -79,25 +66,22 @@ def _forward(model, tokens_bt):
     return model(tokens_bt)
 
 
-def _random_adapters(flat: dict, lora: LoraShape, seed: int) -> dict:
-    """A [in dims..., r] and B [r, out dims...] for every target and layer, both non-zero
-    (a zero B, LoRA's initialisation, would make every check below pass trivially)."""
-    keys = iter(
-        jax.random.split(jax.random.key(seed), 2 * len(lora.lora_targets) * lora.num_layers)
+def _adapted_model(base_dir: str, targets: tuple[str, ...], seed: int) -> Decoder:
+    """The model of ``base_dir`` with adapters on ``targets``: A as initialised, B drawn too
+    (LoRA's zero B would make every check below pass trivially)."""
+    base, cfg = load_hf_checkpoint(base_dir)
+    model = Decoder(
+        cfg.replace(lora_rank=RANK, lora_alpha=ALPHA, lora_targets=targets), rngs=nnx.Rngs(seed)
     )
-    adapters = {}
-    for module in lora.lora_targets:
-        t = TARGETS[module]
-        for i in range(lora.num_layers):
-            w = flat[("layers", i, *t.weight.split("."))]
-            in_dims = len(t.a.rsplit("_", 1)[1]) - 1  # "q_lora_a_dr": d, then the rank
-            a_shape, b_shape = (*w.shape[:in_dims], RANK), (RANK, *w.shape[in_dims:])
-            fan_in = np.prod(a_shape[:-1])
-            a = jax.random.normal(next(keys), a_shape) / np.sqrt(fan_in)
-            b = jax.random.normal(next(keys), b_shape) / np.sqrt(RANK)
-            adapters[("layers", i, *t.a.split("."))] = a
-            adapters[("layers", i, *t.b.split("."))] = 0.5 * b
-    return adapters
+    nnx.update(model, nnx.state(base))
+    adapters = nnx.state(model, lora.LoRAParam)
+    key = jax.random.key(seed)
+    for path, var in nnx.to_flat_state(adapters):
+        if "_lora_b_" in path[-1]:
+            key, sub = jax.random.split(key)
+            var.set_value(0.5 * jax.random.normal(sub, var.shape) / RANK**0.5)
+    nnx.update(model, adapters)
+    return model
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
@@ -110,13 +94,12 @@ def exported(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     base_dir, adapter_dir, merged_dir = (str(root / d) for d in ("base", "adapter", "merged"))
     hf_model.save_pretrained(base_dir)
-    model, cfg = load_hf_checkpoint(base_dir)
-    flat = {p: v[...] for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
-    lora = LoraShape(cfg.num_layers, RANK, ALPHA, targets)
-    flat.update(_random_adapters(flat, lora, seed=2))
-    save_peft_adapters(flat, lora, adapter_dir, base=base_dir)
-    save_hf_params(merge_lora(flat, lora), cfg, merged_dir)
+    model = _adapted_model(base_dir, targets, seed=2)
+    _, adapters, base = nnx.split(model, lora.LoRAParam, nnx.Param)
+    save_peft_adapters(adapters, model.config, adapter_dir, base=base_dir)
+    save_merged(base, adapters, model.config, merged_dir)
     return dict(
+        logits=np.asarray(_forward(model, jnp.asarray(TOKENS_BT))),
         base_dir=base_dir,
         adapter_dir=adapter_dir,
         merged_dir=merged_dir,
@@ -139,3 +122,5 @@ def test_peft_loads_the_adapters_and_agrees_with_the_merged_export(exported):
     merged, _ = load_hf_checkpoint(exported["merged_dir"])
     got_btv = np.asarray(_forward(merged, jnp.asarray(TOKENS_BT)))
     assert np.abs(got_btv - want_btv).max() <= 1e-4, exported["name"]
+    # and our adapted model (the adapters unmerged) computes the same
+    assert np.abs(exported["logits"] - want_btv).max() <= 1e-4, exported["name"]
