@@ -13,6 +13,7 @@ uninterrupted one would.
 from __future__ import annotations
 
 import collections
+import functools
 import math
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ import numpy as np
 
 from sagc_jax.config import Config, ConfigError, from_dict, to_dict
 from sagc_jax.controller import make_controller
+from sagc_jax.models import lora
 from sagc_jax.parallel import ShardingPlan, any_process, from_leader, gather_rows, is_leader
 from sagc_jax.rl import (
     ALGORITHMS,
@@ -38,6 +40,7 @@ from sagc_jax.train.data import data_identity, make_source, with_resolved_bucket
 from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
 from sagc_jax.train.faults import StopRequest, crash_point, phase, resume_hint
 from sagc_jax.train.hooks import Hooks, itstime
+from sagc_jax.train.lora_base import base_identity, check_same_base
 from sagc_jax.train.metrics import MetricsWriter
 from sagc_jax.train.optim import make_optimizer
 from sagc_jax.train.packing import (
@@ -46,7 +49,12 @@ from sagc_jax.train.packing import (
     resolve_pack_len,
     row_multiple,
 )
-from sagc_jax.train.policy import build_sharded_policy, build_tokenizer, load_run_params
+from sagc_jax.train.policy import (
+    build_sharded_adapters,
+    build_sharded_policy,
+    build_tokenizer,
+    load_run_params,
+)
 from sagc_jax.train.preflight import check_device_memory, check_free_space
 from sagc_jax.train.programs import PolicyPrograms, StateShardings, UpdateSettings, batch_spec
 from sagc_jax.train.report import read_metrics, summarize
@@ -219,7 +227,8 @@ def make_trainer_optimizer(cfg: Config):
         b1=t.adam_b1,
         b2=t.adam_b2,
         state_dtype=t.optimizer_dtype,
-        param_dtype=cfg.model.param_dtype,
+        # LoRA trains only the adapters, which are float32 (models.lora): no master copy
+        param_dtype="float32" if cfg.model.lora_rank else cfg.model.param_dtype,
     )
 
 
@@ -281,14 +290,25 @@ class Trainer:
         )
         if cfg.train.init_checkpoint:
             self.params = load_run_params(cfg.train.init_checkpoint, self.params)
+        # The samplers decode the plain model: the params, or the base with the adapters merged.
+        self.sampling_graphdef, sampling_shardings = self.graphdef, param_shardings
+        self.base = base_shardings = self.base_identity = None
+        if cfg.model.lora_rank:  # the params built so far become the frozen base
+            self.base, base_shardings = self.params, param_shardings
+            self.base_identity = base_identity(cfg)  # checkpoints record it; a resume compares
+            self.graphdef, self.params, param_shardings, arch = build_sharded_adapters(
+                cfg, self.model_config, cfg.train.seed, self.plan
+            )
+            merge = functools.partial(lora.merge_adapters, lora_scale=lora.scale(arch))
+            self._merge = jax.jit(merge, out_shardings=base_shardings)
         self.tx = make_trainer_optimizer(cfg)
         opt_shardings = self.plan.opt_state(
             self.tx, jax.eval_shape(self.tx.init, self.params), param_shardings
         )
         self.opt_state = jax.jit(self.tx.init, out_shardings=opt_shardings)(self.params)
         check_free_space(self.run_dir, (self.params, self.opt_state))  # on every process
-        self.ref_params = None
-        if cfg.loss.kl_beta > 0:
+        self.ref_params = None  # LoRA: the reference is the base with the adapters off
+        if cfg.loss.kl_beta > 0 and self.base is None:
             copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=param_shardings)
             self.ref_params = copy(self.params)
         self.scale_by_std = ALGORITHMS[cfg.loss.algorithm][1]
@@ -300,16 +320,15 @@ class Trainer:
         self.row_multiple = row_multiple(
             t.minibatches, t.microbatches, self.plan.batch_shards, jax.process_count()
         )
-        shardings = StateShardings(
-            param_shardings, opt_shardings, param_shardings if cfg.loss.kl_beta > 0 else None
-        )
+        ref_shardings = param_shardings if self.ref_params is not None else None
+        shardings = StateShardings(param_shardings, opt_shardings, ref_shardings, base_shardings)
         self.programs = PolicyPrograms(self.graphdef, self.tx, self.plan, shardings)
-        on_mesh = dict(plan=self.plan, state_shardings=param_shardings)
+        on_mesh = dict(plan=self.plan, state_shardings=sampling_shardings)
         on_mesh["decode_chunk"] = cfg.sampling.decode_chunk
         # two samplers, so that compiles/sampler counts the rollout programs only
-        self.sampler = policy_sampler(self.graphdef, self.model_config, self.tokenizer, **on_mesh)
-        self.eval_sampler = policy_sampler(
-            self.graphdef, self.model_config, self.tokenizer, **on_mesh
+        self.sampler, self.eval_sampler = (
+            policy_sampler(self.sampling_graphdef, self.model_config, self.tokenizer, **on_mesh)
+            for _ in range(2)
         )
         self.root_key = jax.random.key(t.seed)
         self.step = 0
@@ -330,6 +349,13 @@ class Trainer:
             resume_step=self.step,
             report=self._say,
         )
+
+    def sampling_params(self):
+        """What the samplers decode: the params, or (LoRA) the base with the adapters merged in,
+        once per use (faster than adding them in every decode step: docs/lora.md)."""
+        if self.base is None:
+            return self.params
+        return self._merge(self.params, self.base)
 
     @property
     def finished(self) -> bool:
@@ -400,6 +426,8 @@ class Trainer:
                 f"{', '.join(changed[:8])}{'...' if len(changed) > 8 else ''}; use a new "
                 f"logging.run_dir or the run's own config"
             )
+        if self.base is not None:
+            check_same_base(meta.get("base"), self.base_identity, meta["step"])
         self._check_same_data(meta)
 
     def _check_same_data(self, meta: dict) -> None:
@@ -449,6 +477,8 @@ class Trainer:
             "processes": jax.process_count(),
             "data": self.data_identity,
         }
+        if self.base is not None:  # the weights under the adapters are not saved: named here
+            meta["base"] = self.base_identity
         items = {"params": self.params, "opt_state": self.opt_state}
         if table:
             items["prompt_table"] = table
@@ -478,7 +508,7 @@ class Trainer:
         key = jax.random.key(0)
         for label, n in rollout_shapes(cfg, self.controller.candidates).items():
             t0 = time.perf_counter()
-            self.sampler.compile(self.params, n, bucket, max_new_tokens=new)
+            self.sampler.compile(self.sampling_params(), n, bucket, max_new_tokens=new)
             t1 = time.perf_counter()
             if cfg.train.packing:
                 log(f"compiled {label} ({n} rollouts): rollout {t1 - t0:.1f} s")
@@ -486,7 +516,7 @@ class Trainer:
             # shaped and placed as a real batch: rows split over the mesh
             batch = batch_spec(n, bucket, new, self.plan.rows)
             self.programs.compile_update(
-                self.params, self.opt_state, batch, key, self.settings, self.ref_params
+                self.params, self.opt_state, batch, key, self.settings, self.ref_params, self.base
             )
             t2 = time.perf_counter()
             log(f"compiled {label} ({n} rollouts): rollout {t1 - t0:.1f} s, update {t2 - t1:.1f} s")
@@ -520,6 +550,7 @@ class Trainer:
                 for p in self.source.batch(self.step, round_, num_prompts)
             )
         local_prompts = num_prompts // jax.process_count()  # this process's groups
+        params = self.sampling_params()
         rounds = []
         kept: list[Rollouts] = []
         kept_groups = 0
@@ -527,7 +558,7 @@ class Trainer:
             prompts = self.source.batch(self.step, round_, num_prompts)
             r = generate(
                 self.sampler,
-                self.params,
+                params,
                 self.source,
                 prompts,
                 sizes,
@@ -653,7 +684,13 @@ class Trainer:
     def _update(self, update_batch: dict, key: jax.Array) -> dict[str, float]:
         """``epochs x minibatches`` optimizer updates; their metrics averaged."""
         self.params, self.opt_state, upd = self.programs.update(
-            self.params, self.opt_state, update_batch, key, self.settings, self.ref_params
+            self.params,
+            self.opt_state,
+            update_batch,
+            key,
+            self.settings,
+            self.ref_params,
+            self.base,
         )
         return {k: float(v) for k, v in jax.device_get(upd).items()}
 
@@ -792,7 +829,8 @@ class Trainer:
 
     def evaluate(self, num: int | None = None) -> dict[str, float]:
         """Greedy held-out accuracy and mean completion length of the current policy."""
-        return evaluate_policy(self.eval_sampler, self.params, self.source, self.cfg, num)
+        params = self.sampling_params()
+        return evaluate_policy(self.eval_sampler, params, self.source, self.cfg, num)
 
     # ------------------------------------------------------------------ the run
 

@@ -1,5 +1,5 @@
 """Build the policy (model, tokenizer) a run trains, from a preset, a Hugging Face checkpoint or
-the parameters of an earlier run (the SFT warm start)."""
+the parameters of an earlier run (the SFT warm start), and its LoRA adapters."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from flax import nnx
 
 from sagc_jax.config import Config, ConfigError
 from sagc_jax.models import Decoder, DecoderConfig, Tokenizer, get_preset, load_hf_checkpoint
+from sagc_jax.models.lora import LoRAParam
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.tasks import CharTokenizer
 from sagc_jax.train.checkpoint import CheckpointStore
@@ -76,6 +77,26 @@ def build_sharded_policy(cfg: Config, tokenizer, seed: int, plan: ShardingPlan):
     return graphdef, jax.jit(init, out_shardings=shardings)(), arch, shardings
 
 
+def build_sharded_adapters(cfg: Config, base_arch: DecoderConfig, seed: int, plan: ShardingPlan):
+    """(graphdef, adapters, adapter shardings, architecture) of the LoRA-adapted ``base_arch``
+    (``model.lora_*``): the graphdef of the whole adapted model, to merge with the adapters and
+    the base's params (``nnx.merge(graphdef, adapters, base)``); the adapters freshly
+    initialised (B zeros) inside one program placed by ``plan`` (the base weights it would draw
+    are never computed: only the adapters are its outputs)."""
+    m = cfg.model
+    arch = base_arch.replace(
+        lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, lora_targets=m.lora_targets
+    )
+
+    def adapted():
+        return Decoder(arch, rngs=nnx.Rngs(seed))
+
+    graphdef, abstract, _ = nnx.split(nnx.eval_shape(adapted), LoRAParam, ...)
+    shardings = plan.params(abstract)
+    init = jax.jit(lambda: nnx.split(adapted(), LoRAParam, ...)[1], out_shardings=shardings)
+    return graphdef, init(), shardings, arch
+
+
 def preset_architecture(cfg: Config, tokenizer=None) -> DecoderConfig:
     """The architecture of ``model.preset`` with the configured dtypes and remat policy, and the
     tokenizer's special tokens (none given: the preset's, enough for shapes)."""
@@ -109,6 +130,13 @@ def load_run_params(run_dir: str | Path, params, unfinished_ok: bool = False):
                 f"{run_dir}: its sft stopped at step {meta['step']} of "
                 f"{meta['config']['sft']['steps']}; rerun the same sagc-jax sft command to "
                 f"finish it before starting from it (train.init_checkpoint)"
+            )
+        rank = meta["config"].get("model", {}).get("lora_rank", 0)
+        if rank:
+            raise ConfigError(
+                f"{run_dir}: a LoRA run (model.lora_rank = {rank}), whose checkpoints hold "
+                f"adapters, not the model; start from its merged export (model.hf_checkpoint) "
+                f"or from the run it was trained over (train.init_checkpoint)"
             )
 
     ckpt_dir = Path(run_dir) / "checkpoints"

@@ -55,13 +55,28 @@ def packed_logprobs(model, tokens_bt, positions_bt, segment_ids_bt, temperature)
     return jnp.take_along_axis(logp_btv, next_bt[..., None], axis=-1)[..., 0]
 
 
-def packed_rows_loss(graphdef, params, ref_params, rows: dict, normalizer, settings):
-    """(loss, metrics) of the policy ``params`` on a chunk of packed rows (``PACKED_KEYS``)."""
+def policy_model(graphdef, params, base=None):
+    """The policy: ``params`` alone, or (LoRA) the adapters ``params`` over the frozen ``base``."""
+    return nnx.merge(graphdef, params) if base is None else nnx.merge(graphdef, params, base)
+
+
+def reference_model(graphdef, params, ref_params, base=None):
+    """The reference policy of the KL term: ``ref_params``, or (LoRA) the base with the adapters
+    off (zeroed: exactly the base model's outputs, and no second copy of its weights)."""
+    if base is None:
+        return nnx.merge(graphdef, ref_params)
+    return nnx.merge(graphdef, jax.tree.map(jnp.zeros_like, params), base)
+
+
+def packed_rows_loss(graphdef, params, ref_params, rows: dict, normalizer, settings, base=None):
+    """(loss, metrics) of the policy ``params`` (over ``base`` with LoRA) on a chunk of packed
+    rows (``PACKED_KEYS``)."""
     args = (rows["tokens"], rows["positions"], rows["segment_ids"], settings.temperature)
-    logp = packed_logprobs(nnx.merge(graphdef, params), *args)
+    logp = packed_logprobs(policy_model(graphdef, params, base), *args)
     ref_logp = None
     if settings.kl_beta > 0:
-        ref_logp = jax.lax.stop_gradient(packed_logprobs(nnx.merge(graphdef, ref_params), *args))
+        ref = reference_model(graphdef, params, ref_params, base)
+        ref_logp = jax.lax.stop_gradient(packed_logprobs(ref, *args))
     return weighted_policy_loss(
         logp,
         rows["old_logp"],
@@ -76,10 +91,13 @@ def packed_rows_loss(graphdef, params, ref_params, rows: dict, normalizer, setti
     )
 
 
-def rows_loss(graphdef, params, ref_params, rows: dict, normalizer, settings: UpdateSettings):
-    """(loss, metrics) of the policy ``params`` on a chunk of rollout rows (``BATCH_KEYS``)."""
+def rows_loss(
+    graphdef, params, ref_params, rows: dict, normalizer, settings: UpdateSettings, base=None
+):
+    """(loss, metrics) of the policy ``params`` (over ``base`` with LoRA) on a chunk of rollout
+    rows (``BATCH_KEYS``)."""
     logp = completion_logprobs(
-        nnx.merge(graphdef, params),
+        policy_model(graphdef, params, base),
         rows["prompt_ids"],
         rows["prompt_lens"],
         rows["completion"],
@@ -89,7 +107,7 @@ def rows_loss(graphdef, params, ref_params, rows: dict, normalizer, settings: Up
     if settings.kl_beta > 0:
         ref_logp = jax.lax.stop_gradient(
             completion_logprobs(
-                nnx.merge(graphdef, ref_params),
+                reference_model(graphdef, params, ref_params, base),
                 rows["prompt_ids"],
                 rows["prompt_lens"],
                 rows["completion"],
@@ -165,6 +183,7 @@ class StateShardings:
     params: Any
     opt_state: Any
     ref_params: Any = None  # None when there is no reference model
+    base: Any = None  # LoRA: the frozen weights under the adapters (``params``)
 
 
 class PolicyPrograms:
@@ -197,6 +216,7 @@ class PolicyPrograms:
                     shardings.params,
                     shardings.opt_state,
                     shardings.ref_params,
+                    shardings.base,
                     batch,
                     scalar,
                 ),
@@ -204,7 +224,7 @@ class PolicyPrograms:
             )
         # settings (last, static) is positional: jit takes no keywords with shardings.
         self._update = jax.jit(
-            self._update_impl, static_argnums=(5,), donate_argnums=(0, 1), **update_kw
+            self._update_impl, static_argnums=(6,), donate_argnums=(0, 1), **update_kw
         )
         # Python side effects in the traced functions count traces of *this* instance (a jit
         # cache of a method is shared by every instance of the class).
@@ -218,9 +238,19 @@ class PolicyPrograms:
         return self.plan.activate() if self.plan is not None else contextlib.nullcontext()
 
     def update(
-        self, params, opt_state, batch: dict, key, settings: UpdateSettings, ref_params=None
+        self,
+        params,
+        opt_state,
+        batch: dict,
+        key,
+        settings: UpdateSettings,
+        ref_params=None,
+        base=None,
     ):
         """Runs ``epochs x minibatches`` optimizer updates on one rollout batch.
+
+        With LoRA, ``params`` are the adapters (the only arrays differentiated and in the
+        optimizer state) and ``base`` the frozen weights under them, neither donated nor changed.
 
         batch: padded (``BATCH_KEYS``): prompt_ids [N, P], prompt_lens [N], completion [N, L],
         old_logp [N, L] (rollout time), mask [N, L], adv [N]; or packed (``PACKED_KEYS``, from
@@ -230,21 +260,23 @@ class PolicyPrograms:
         means over each update's rows); an update whose loss or gradient is not finite is
         skipped and counted in ``skipped``.
         """
-        return self._update(params, opt_state, ref_params, batch, key, settings)
+        return self._update(params, opt_state, ref_params, base, batch, key, settings)
 
     def compile_update(
-        self, params, opt_state, batch, key, settings: UpdateSettings, ref_params=None
+        self, params, opt_state, batch, key, settings: UpdateSettings, ref_params=None, base=None
     ) -> None:
         """Compile the update for ``batch``'s shapes ahead of time (arrays or ShapeDtypeStructs);
         the next call with those shapes reuses the executable."""
-        self._update.lower(params, opt_state, ref_params, batch, key, settings).compile()
+        self._update.lower(params, opt_state, ref_params, base, batch, key, settings).compile()
 
-    def _update_impl(self, params, opt_state, ref_params, batch, key, settings: UpdateSettings):
+    def _update_impl(self, params, opt_state, ref_params, base, batch, key, settings):
         self.traces["update"] += 1
         with self._rules():
-            return self._update_traced(params, opt_state, ref_params, batch, key, settings)
+            return self._update_traced(params, opt_state, ref_params, base, batch, key, settings)
 
-    def _update_traced(self, params, opt_state, ref_params, batch, key, settings: UpdateSettings):
+    def _update_traced(
+        self, params, opt_state, ref_params, base, batch, key, settings: UpdateSettings
+    ):
         packed = "segment_ids" in batch
         keys, chunk_loss = (PACKED_KEYS, packed_rows_loss) if packed else (BATCH_KEYS, rows_loss)
         n = batch["mask"].shape[0]
@@ -261,7 +293,9 @@ class PolicyPrograms:
         normalizer = normalizer / mb
 
         def loss_fn(p, rows):
-            loss, metrics = chunk_loss(self.graphdef, p, ref_params, rows, normalizer, settings)
+            loss, metrics = chunk_loss(
+                self.graphdef, p, ref_params, rows, normalizer, settings, base
+            )
             # per-token means -> sums, so the update's metrics are means over all its tokens
             tokens = jnp.sum(rows["mask"])
             return loss, ({k: v * tokens for k, v in metrics.items()}, tokens)
