@@ -1,4 +1,4 @@
-# Two commands do all the setup: `make train` and `make test` (see README).
+# Two commands do all the setup: `make train` and `make test` (see README.md).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -28,13 +28,14 @@ train: $(STAMP)
 simulate: $(STAMP)
 	$(VENV)/bin/sagc-jax simulate --config configs/sim/reasoning_drift.yaml
 
-# The controller study (README: "Does SAGC save time in training?"): one warm start, then
-# fixed:4, fixed:8, fixed:16, the paper's sagc and sagc_plus (README: "SAGC+") on the same seeds:
+# The controller study (docs/experiments/straggler-study.md): one warm start, then fixed:4,
+# fixed:8, fixed:16, the paper's sagc and sagc_plus (docs/controller.md) on the same seeds:
 # GRPO (5 seeds), DAPO (3) and GRPO with a fixed rollout budget per step (3); the second
 # workload, where small groups lose accuracy and G = 16 breaks the budget (its own warm start,
-# 3 seeds); then the prompt-aware hybrid (README: "A prompt-aware hybrid controller") beside
-# fixed G and sagc on a pool of 128 problems revisited every epoch (5 seeds), and its per_prompt
-# mode at a fixed 128 rows per step against fixed:8's same 128 rows (5 seeds).
+# 3 seeds; docs/experiments/sparse-reward.md); then the prompt-aware hybrid
+# (docs/experiments/hybrid.md) beside fixed G and sagc on a pool of 128 problems revisited
+# every epoch (5 seeds), and its per_prompt mode at a fixed 128 rows per step against fixed:8's
+# same 128 rows (5 seeds).
 # Rerunning resumes; finished runs are only read.
 EXPERIMENT := configs/experiments/straggler.yaml
 SPARSE := configs/experiments/sparse_reward.yaml

@@ -227,7 +227,7 @@ class LossConfig(_Section):
 
 @dataclasses.dataclass(frozen=True)
 class SAGCConfig(_Section):
-    """Knobs of Straggler-Aware Group Control (see README, "Choosing delta and tau").
+    """Knobs of Straggler-Aware Group Control (see docs/controller.md, "Choosing delta and tau").
 
     candidates: the ladder of group sizes, strictly increasing.
     delta: target long-run straggler observation E[s_t].
@@ -324,7 +324,7 @@ class HybridConfig(_Section):
 
 @dataclasses.dataclass(frozen=True)
 class SAGCPlusConfig(_Section):
-    """Knobs of SAGC+, the improved SAGC (``controller.kind: sagc_plus``; README "SAGC+").
+    """Knobs of SAGC+, the improved SAGC (``controller.kind: sagc_plus``; docs/controller.md).
 
     It shares the straggler definition and the budget with the paper's SAGC (``controller.sagc``:
     candidates, tau, scope, delta, g_init) and replaces how the budget is kept; see

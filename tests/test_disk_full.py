@@ -1,5 +1,6 @@
 """A full disk while saving a checkpoint: one line, exit 2, the partial step removed, every sealed
-step kept, and the same command resumes once there is space. A row of README's Reliability table.
+step kept, and the same command resumes once there is space. A row of the Reliability table in
+docs/reliability.md.
 
 No disk is filled here except in the last test (a 4 MiB tmpfs in a private mount namespace,
 skipped where ``unshare`` is not allowed): the others raise ``ENOSPC`` inside Orbax's write of the

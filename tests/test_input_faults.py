@@ -1,5 +1,5 @@
 """Bad user files and hanging rewards: one line naming the file (or the function and the row),
-exit code 2, nothing already written lost (README, Reliability)."""
+exit code 2, nothing already written lost (docs/reliability.md)."""
 
 import json
 import shutil

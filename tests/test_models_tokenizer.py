@@ -162,7 +162,7 @@ def test_tokenizer_without_eos_is_a_one_line_error_at_load(tmp_path, capsys, con
 
 
 def test_tokenizer_command_then_train_a_dataset_run(tmp_path, capsys):
-    """The README walkthrough: JSONL -> sagc-jax tokenizer -> sagc-jax train."""
+    """The walkthrough of docs/tasks.md: JSONL -> sagc-jax tokenizer -> sagc-jax train."""
     from helpers import TINY
 
     from sagc_jax.cli import main

@@ -1,6 +1,6 @@
 """Faults a run must survive: preemption, crashes at any point, non-finite updates, bad input.
 
-Each test here is a row of the Reliability table in README.md.
+Each test here is a row of the Reliability table in docs/reliability.md.
 """
 
 import json

@@ -1,5 +1,6 @@
 """A run's state stays true: verified checkpoints, one writer per run directory, logs that
-survive a cut, a summary of the whole run. Each test is a row of README's Reliability table."""
+survive a cut, a summary of the whole run. Each test is a row of the Reliability table in
+docs/reliability.md."""
 
 import json
 import os

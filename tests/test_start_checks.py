@@ -1,7 +1,7 @@
 """What a run checks before it builds anything costly (train/preflight.py, train/runlock.py):
 the run directory is writable, a checkpoint fits its disk, the largest candidate G fits the
 device; a refused start leaves no directory behind and a finished run no lock file. Each test is
-a row of README's Reliability table."""
+a row of the Reliability table in docs/reliability.md."""
 
 import errno
 import os

@@ -3,8 +3,8 @@
 Same problem as the paper's SAGC (``sagc.py``): maximise ``log2 G`` on a ladder of candidates
 subject to a long-run straggler budget ``E[s_t] <= delta``, one G per step, from response
 lengths only. Same straggler definition (``tau``, ``scope``) and knobs of the budget
-(``controller.sagc``: candidates, tau, scope, delta, g_init). What differs, and why (README,
-"SAGC+"):
+(``controller.sagc``: candidates, tau, scope, delta, g_init). What differs, and why
+(docs/controller.md, "SAGC+"):
 
 - **Evidence per group.** Every group of a step is one Bernoulli trial of its rung (16 groups: 16
   trials, not one fraction), and the played group also yields trials of every smaller rung: its
