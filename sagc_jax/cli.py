@@ -442,6 +442,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from sagc_jax.train.preflight import device_memory
 
         memory = device_memory()[0] / 1024**3  # on CPU: the host's, shared by its devices
+    if args.lora_compare is not None:
+        from sagc_jax.train.plan import format_lora_comparison, lora_comparison
+
+        if args.lora_compare < 1:
+            raise UserError(f"--lora-compare {args.lora_compare}: the rank must be >= 1")
+        print(format_lora_comparison(*lora_comparison(cfg, devices, args.lora_compare)))
+        return 0
     step = None
     if args.hardware is not None:  # first: an unknown name stops before anything is printed
         step = step_prediction(cfg, args.hardware, devices, args.mean_new_tokens)
@@ -596,6 +603,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="with --hardware: mean completion length of the predicted step (default: half of "
         "sampling.max_new_tokens; one completion always reaches it)",
+    )
+    p.add_argument(
+        "--lora-compare",
+        type=int,
+        metavar="RANK",
+        help="instead: the per-device memory of full fine-tuning against LoRA adapters of this "
+        "rank (on model.lora_targets), item by item, and whether each fits one 24, 48 or 80 GB "
+        "GPU and one TPU v5e chip",
     )
     p.set_defaults(func=cmd_plan)
 

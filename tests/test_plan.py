@@ -8,7 +8,7 @@ import pytest
 
 from sagc_jax.cli import main
 from sagc_jax.config import load_config
-from sagc_jax.train.plan import memory_plan
+from sagc_jax.train.plan import lora_comparison, memory_plan
 
 PAPER = Path(__file__).parent.parent / "configs" / "paper"
 
@@ -67,3 +67,35 @@ def test_plan_command_says_whether_it_fits(capsys):
     assert " GiB per device (" in capsys.readouterr().out
     assert main(["plan", "--config", config, "--devices", "3", "--set", "mesh.fsdp=2"]) == 2
     assert "needs 2 devices but 3 are available" in capsys.readouterr().err
+
+
+def test_plan_with_lora_trains_only_the_adapters():
+    cfg = load_config(PAPER / "qwen2.5-3b-grpo-gpu80.yaml")  # bfloat16, kl_beta > 0
+    full_plan, lora_plan = lora_comparison(cfg, 1, 16)
+    full, lora = _items(full_plan), _items(lora_plan)
+    # rank 16 on all seven projections of 36 layers (D 2048, N*H 2048, K*H 256, F 11008):
+    # 16 x (2 x (2048 + 2048) + 2 x (2048 + 256) + 3 x (2048 + 11008)) per layer
+    count = 36 * 16 * (2 * 4096 + 2 * 2304 + 3 * 13056)
+    assert lora["LoRA adapters"].total == 4 * count  # float32
+    assert lora["parameters"].total == full["parameters"].total  # the base, frozen
+    # Adam's two float32 moments of the adapters only: no float32 master copy of the base
+    assert lora["optimizer state"].total == pytest.approx(2 * 4 * count, abs=1024)
+    assert full["optimizer state"].total == pytest.approx(12 * full_plan.num_params, abs=1024)
+    assert lora["gradients"].total == 2 * 4 * count  # x2: microbatches accumulate
+    assert lora["reference model"].total == 0  # the base with the adapters off
+    assert full["reference model"].total == full["parameters"].total
+    assert lora["merged weights"].total == full["parameters"].total  # what the samplers decode
+    assert "merged weights" not in full and lora["KV cache"] == full["KV cache"]
+
+
+def test_plan_lora_compare_prints_what_fits(capsys):
+    config = str(PAPER / "qwen2.5-3b-grpo-gpu80.yaml")
+    assert main(["plan", "--config", config, "--devices", "1", "--lora-compare", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "LoRA: rank 16 on q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj" in out
+    rows = {line[:28].strip(): " ".join(line[28:].split()) for line in out.splitlines()}
+    assert rows["optimizer state"] == "34.49 0.22"
+    assert rows["one 48 GB GPU (48 GiB)"] == "no (143%) fits (48%)"
+    assert rows["one 80 GB GPU (80 GiB)"] == "fits (86%) fits (29%)"
+    assert main(["plan", "--config", config, "--lora-compare", "0"]) == 2
+    assert "--lora-compare 0: the rank must be >= 1" in capsys.readouterr().err

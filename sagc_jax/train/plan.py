@@ -24,6 +24,7 @@ from sagc_jax.controller import make_controller
 from sagc_jax.models import PRESETS, Decoder, DecoderConfig, get_preset
 from sagc_jax.models import axes as ax
 from sagc_jax.models.hf_checkpoint import hf_architecture
+from sagc_jax.models.lora import LoRAParam
 from sagc_jax.parallel import BATCH_AXES, MESH_AXES, RULES, mesh_shape
 from sagc_jax.sim.roofline import (
     HARDWARE,
@@ -58,6 +59,7 @@ class MemoryPlan:
     param_dtype: str
     mesh: dict[str, int]
     items: list[Item]
+    lora: str = ""  # "rank R on q_proj, ...": the adapters trained over frozen parameters
 
     @property
     def per_device(self) -> int:
@@ -156,33 +158,20 @@ def memory_plan(cfg: Config, num_devices: int) -> MemoryPlan:
     batch_shards = math.prod(sizes[a] for a in BATCH_AXES)
     items: list[Item] = []
 
-    graphdef, params = nnx.split(nnx.eval_shape(lambda: Decoder(arch, rngs=nnx.Rngs(0))))
+    m = cfg.model
+    lora = f"rank {m.lora_rank} on {', '.join(m.lora_targets)}" if m.lora_rank else ""
+    if lora:  # the adapted model: adapters trained, the weights under them frozen
+        arch = arch.replace(
+            lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, lora_targets=m.lora_targets
+        )
+    model = nnx.eval_shape(lambda: Decoder(arch, rngs=nnx.Rngs(0)))
+    graphdef, adapters, params = nnx.split(model, LoRAParam, ...)
     logical = nnx.get_partition_spec(params)
     count = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
     p_dev, p_total = _tree_bytes(params, logical, mesh)
-    items.append(Item("parameters", f"{count:,} x {arch.param_dtype}", p_dev, p_total))
-
-    tx = make_trainer_optimizer(cfg)
-    opt_state = jax.eval_shape(tx.init, params)
-    opt_logical = optax.tree_map_params(
-        tx,
-        lambda _, spec: spec,
-        opt_state,
-        logical,
-        transform_non_params=lambda _: jax.sharding.PartitionSpec(),
-    )
-    o_dev, o_total = _tree_bytes(opt_state, opt_logical, mesh)
-    master = cfg.train.optimizer_dtype == "float32" and arch.param_dtype != "float32"
-    master = " + float32 master copy of the parameters" if master else ""
-    detail = f"Adam moments in {cfg.train.optimizer_dtype}{master}"
-    items.append(Item("optimizer state", detail, o_dev, o_total))
-
-    accumulated = cfg.train.microbatches > 1
-    detail = f"{arch.param_dtype}" + (", x2 while accumulating microbatches" if accumulated else "")
-    copies = 2 if accumulated else 1
-    items.append(Item("gradients", detail, copies * p_dev, copies * p_total))
-    if cfg.loss.kl_beta > 0:
-        items.append(Item("reference model", f"kl_beta = {cfg.loss.kl_beta}", p_dev, p_total))
+    frozen = ", frozen" if lora else ""
+    items.append(Item("parameters", f"{count:,} x {arch.param_dtype}{frozen}", p_dev, p_total))
+    items += _training_items(cfg, adapters if lora else params, (p_dev, p_total), mesh, lora)
 
     if sizes["fsdp"] > 1:  # the sampler gathers the weights over fsdp for the decode loop
         decode = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, arch.compute_dtype), params)
@@ -206,7 +195,8 @@ def memory_plan(cfg: Config, num_devices: int) -> MemoryPlan:
     micro_rows = rows // (cfg.train.minibatches * cfg.train.microbatches)
     local_rows = max(1, micro_rows // batch_shards)
     width = _update_width(cfg)
-    residual = _residual_bytes(cfg, graphdef, params, local_rows, width)
+    trainable, base = (adapters, params) if lora else (params, None)
+    residual = _residual_bytes(cfg, graphdef, trainable, base, local_rows, width)
     layout = "packed" if cfg.train.packing else "padded"
     detail = (
         f"remat {arch.remat}: {local_rows} of {micro_rows} microbatch rows x {width} tokens "
@@ -214,7 +204,52 @@ def memory_plan(cfg: Config, num_devices: int) -> MemoryPlan:
         f"keeps each layer's [T, T] probabilities, cudnn / splash only per-row softmax statistics"
     )
     items.append(Item("activations", detail, residual, residual * micro_rows // local_rows))
-    return MemoryPlan(source, count, arch.param_dtype, sizes, items)
+    return MemoryPlan(source, count, arch.param_dtype, sizes, items, lora)
+
+
+def _training_items(cfg: Config, trainable, weight_bytes, mesh, lora: str) -> list[Item]:
+    """What training adds to the weights (``weight_bytes``: their per-device and whole bytes):
+    optimizer state and gradients of ``trainable`` (the parameters, or the LoRA adapters when
+    ``lora`` describes them), the reference model, and with LoRA the adapters themselves and the
+    merged weights the samplers decode."""
+    items = []
+    logical = nnx.get_partition_spec(trainable)
+    t_dev, t_total = _tree_bytes(trainable, logical, mesh)
+    dtype = str(jax.tree.leaves(trainable)[0].dtype)
+    of = " of the adapters" if lora else ""
+    if lora:
+        count = sum(math.prod(x.shape) for x in jax.tree.leaves(trainable))
+        items.append(Item("LoRA adapters", f"{count:,} x {dtype}, {lora}", t_dev, t_total))
+
+    tx = make_trainer_optimizer(cfg)
+    opt_state = jax.eval_shape(tx.init, trainable)
+    opt_logical = optax.tree_map_params(
+        tx,
+        lambda _, spec: spec,
+        opt_state,
+        logical,
+        transform_non_params=lambda _: jax.sharding.PartitionSpec(),
+    )
+    o_dev, o_total = _tree_bytes(opt_state, opt_logical, mesh)
+    master = cfg.train.optimizer_dtype == "float32" and dtype != "float32"
+    master = " + float32 master copy of the parameters" if master else ""
+    detail = f"Adam moments in {cfg.train.optimizer_dtype}{master}{of}"
+    items.append(Item("optimizer state", detail, o_dev, o_total))
+
+    copies = 2 if cfg.train.microbatches > 1 else 1
+    detail = dtype + of + (", x2 while accumulating microbatches" if copies == 2 else "")
+    items.append(Item("gradients", detail, copies * t_dev, copies * t_total))
+    if cfg.loss.kl_beta > 0:
+        if lora:
+            items.append(Item("reference model", "the base with the adapters off: no copy", 0, 0))
+        else:
+            detail = f"kl_beta = {cfg.loss.kl_beta}"
+            items.append(Item("reference model", detail, *weight_bytes))
+    if lora:  # the samplers decode the plain model: the base with the adapters merged in
+        dtype = cfg.model.param_dtype
+        detail = f"the base with the adapters merged in ({dtype}), a copy while sampling"
+        items.append(Item("merged weights", detail, *weight_bytes))
+    return items
 
 
 def _update_width(cfg: Config) -> int:
@@ -225,8 +260,9 @@ def _update_width(cfg: Config) -> int:
     return max(buckets) + new
 
 
-def _residual_bytes(cfg: Config, graphdef, params, rows: int, width: int) -> int:
-    """Bytes the backward pass of the loss keeps for ``rows`` update rows of ``width`` tokens."""
+def _residual_bytes(cfg: Config, graphdef, params, base, rows: int, width: int) -> int:
+    """Bytes the backward pass of the loss keeps for ``rows`` update rows of ``width`` tokens;
+    ``params`` are what is trained, ``base`` the frozen weights under LoRA adapters (or None)."""
     from jax._src.ad_checkpoint import saved_residuals  # what jax.ad_checkpoint prints
 
     settings = update_settings(cfg)
@@ -235,16 +271,20 @@ def _residual_bytes(cfg: Config, graphdef, params, rows: int, width: int) -> int
     else:
         new = cfg.sampling.max_new_tokens
         batch, chunk_loss = batch_spec(rows, width - new, new), rows_loss
-    ref = params if settings.kl_beta > 0 else None
+    ref = params if settings.kl_beta > 0 and base is None else None
 
-    def loss(p, b, r):
-        return chunk_loss(graphdef, p, r, b, 1.0, settings)[0]
+    def loss(p, b, r, frozen):
+        # The frozen weights take no gradient, so nothing is kept to compute one; what the
+        # backward pass keeps of them is then the stop_gradient's output, an argument too.
+        frozen = None if frozen is None else jax.lax.stop_gradient(frozen)
+        return chunk_loss(graphdef, p, r, b, 1.0, settings, frozen)[0]
 
-    saved = saved_residuals(loss, params, batch, ref)
+    saved = saved_residuals(loss, params, batch, ref, base)
+    frozen_here = f"output of stop_gradient from {__file__}:"
     return sum(
         math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
         for aval, why in saved
-        if not why.startswith("from the argument")
+        if not why.startswith(("from the argument", frozen_here))
     )
 
 
@@ -275,6 +315,51 @@ def format_plan(plan: MemoryPlan, device_memory: float | None = None) -> str:
         "activations: residuals the backward pass keeps for one microbatch (tensor-parallel "
         "splits of them not counted: an upper bound when mesh.tensor > 1)"
     )
+    return "\n".join(lines)
+
+
+# One device of each size the LoRA table checks: (name, GiB).
+FIT_DEVICES = (
+    ("24 GB GPU", 24.0),
+    ("48 GB GPU", 48.0),
+    ("80 GB GPU", 80.0),
+    (f"{HARDWARE['tpu-v5e'].name} chip", HARDWARE["tpu-v5e"].memory_gib),
+)
+
+
+def lora_comparison(cfg: Config, num_devices: int, rank: int) -> tuple[MemoryPlan, MemoryPlan]:
+    """The memory plans of ``cfg`` with full fine-tuning and with LoRA adapters of ``rank`` on
+    ``model.lora_targets`` (the rest of the config as it is)."""
+    plans = []
+    for r in (0, rank):
+        model = dataclasses.replace(cfg.model, lora_rank=r)
+        plans.append(memory_plan(dataclasses.replace(cfg, model=model), num_devices))
+    return plans[0], plans[1]
+
+
+def format_lora_comparison(full: MemoryPlan, lora: MemoryPlan) -> str:
+    """Per-device GiB of each item and the totals of the two plans of :func:`lora_comparison`,
+    and whether each fits one device of every size of ``FIT_DEVICES``."""
+    devices = math.prod(full.mesh.values())
+    head = ("full fine-tuning", f"LoRA {lora.lora.split(' on ')[0]}")
+    lines = [
+        f"model: {full.source}, {full.num_params / 1e9:.3f} B parameters ({full.param_dtype}); "
+        f"LoRA: {lora.lora}",
+        f"GiB per device on {devices} device{'s' if devices > 1 else ''}",
+        "",
+        f"{'':<28}{head[0]:>18}{head[1]:>18}",
+    ]
+    full_items = {i.name: i for i in full.items}
+    for item in lora.items:
+        was = full_items.get(item.name)
+        cell = f"{was.per_device / GIB:.2f}" if was is not None else "-"
+        lines.append(f"{item.name:<28}{cell:>18}{item.per_device / GIB:>18.2f}")
+    lines.append(f"{'total':<28}{full.per_device / GIB:>18.2f}{lora.per_device / GIB:>18.2f}")
+    for name, gib in FIT_DEVICES:
+        used = [p.per_device / (gib * GIB) for p in (full, lora)]
+        cells = [f"{'fits' if u <= 1 else 'no'} ({100 * u:.0f}%)" for u in used]
+        lines.append(f"{f'one {name} ({gib:g} GiB)':<28}{cells[0]:>18}{cells[1]:>18}")
+    lines.append("totals sum every item, as plan's do; XLA needs headroom for temporaries")
     return "\n".join(lines)
 
 
