@@ -1,8 +1,8 @@
-"""The ``sagc-jax`` command line: sft, train, plan, eval, compare, report, tokenizer, simulate,
-replay, config.
+"""The ``sagc-jax`` command line: sft, train, plan, eval, compare, report, export, tokenizer,
+simulate, replay, config.
 
-Every subcommand but ``report RUN`` and ``tokenizer`` takes ``--config FILE`` and any number of
-``--set section.key=value``.
+Every subcommand but ``report RUN``, ``export RUN OUT`` and ``tokenizer`` takes
+``--config FILE`` and any number of ``--set section.key=value``.
 Bad input (config, paths, logs) ends with one line on stderr and exit code 2.
 """
 
@@ -498,6 +498,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from sagc_jax.train.export import export_run
+
+    export_run(
+        args.run_dir, args.out_dir, adapters_only=args.adapters_only, unfinished_ok=args.unfinished
+    )
+    return 0
+
+
 def cmd_tokenizer(args: argparse.Namespace) -> int:
     from sagc_jax.models.tokenizer import train_tokenizer
     from sagc_jax.tasks import load_dataset
@@ -646,6 +655,30 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="summary and plots of one run (finished or running)")
     p.add_argument("run_dir", type=Path, help="a sagc-jax train run directory")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser(
+        "export",
+        help="a run's newest checkpoint as a Hugging Face model directory (LoRA: merged, and "
+        "the adapters in PEFT's layout)",
+        description="Writes OUT_DIR/config.json and model.safetensors (a LoRA run's adapters "
+        "merged into the weights) and the run's tokenizer files; for a LoRA run also "
+        "OUT_DIR/adapter/ (adapter_config.json, adapter_model.safetensors) for "
+        "peft.PeftModel.from_pretrained over its base: model.hf_checkpoint, or else the base "
+        "written to OUT_DIR/base/.",
+    )
+    p.add_argument("run_dir", type=Path, help="a sagc-jax train (or sft) run directory")
+    p.add_argument("out_dir", type=Path, help="a new (or empty) directory to write")
+    p.add_argument(
+        "--adapters-only",
+        action="store_true",
+        help="LoRA run over model.hf_checkpoint: only the PEFT adapters, into OUT_DIR",
+    )
+    p.add_argument(
+        "--unfinished",
+        action="store_true",
+        help="export the newest checkpoint of a run that has not reached its last step",
+    )
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser(
         "tokenizer",

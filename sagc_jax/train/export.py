@@ -1,0 +1,193 @@
+"""``sagc-jax export``: the newest checkpoint of a run as a Hugging Face model directory.
+
+OUT gets config.json and model.safetensors, with a LoRA run's adapters merged into the weights,
+and the run's tokenizer files (a dataset run's; the synthetic task's character tokenizer has
+none). A LoRA run also gets OUT/adapter/, its adapters alone in PEFT's layout over its base:
+``model.hf_checkpoint`` when the run trained over it, otherwise the base is written to
+OUT/base/ (a random preset, or the weights of ``train.init_checkpoint``). ``adapters_only``
+writes just the PEFT layout into OUT, for a run over ``model.hf_checkpoint``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import jax
+from flax import nnx
+
+from sagc_jax.config import Config, ConfigError, from_dict
+from sagc_jax.models import Decoder, DecoderConfig
+from sagc_jax.models.hf_checkpoint import hf_architecture, save_hf_params
+from sagc_jax.models.hf_lora import save_merged, save_peft_adapters
+from sagc_jax.models.lora import LoRAParam
+from sagc_jax.tasks import CharTokenizer
+from sagc_jax.train.checkpoint import CheckpointStore, newest_verified_meta
+from sagc_jax.train.lora_base import base_identity, check_same_base
+from sagc_jax.train.policy import (
+    build_model,
+    build_tokenizer,
+    load_run_params,
+    preset_architecture,
+)
+
+# What transformers' AutoTokenizer reads from a model directory (those the tokenizer has).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunCheckpoint:
+    """The newest verified checkpoint of a run: its step, saved config and meta."""
+
+    run: Path
+    step: int
+    cfg: Config
+    meta: dict
+
+
+def newest_checkpoint(run: Path, unfinished_ok: bool = False) -> RunCheckpoint:
+    """The newest verified checkpoint of ``run``; ConfigError (one line) for a directory that is
+    not a run, a run without a complete checkpoint, one whose saved config no longer loads, and
+    (unless ``unfinished_ok``) a run that has not reached its last step."""
+    if not (run / "checkpoints").is_dir():
+        what = "no checkpoints/ directory" if run.is_dir() else "no such directory"
+        raise ConfigError(f"{run}: {what}; export takes the run directory of sagc-jax train/sft")
+    step, meta = newest_verified_meta(run / "checkpoints")
+    if step is None:
+        raise ConfigError(f"{run / 'checkpoints'}: no complete checkpoint to export")
+    try:
+        cfg = from_dict(meta["config"])
+    except ConfigError as err:
+        raise ConfigError(f"{run}: its saved config no longer loads ({err})") from None
+    if "finished" in meta:  # an sft run
+        finished, last = meta["finished"], f"sft.steps = {cfg.sft.steps}"
+    else:
+        finished, last = step >= cfg.train.steps, f"train.steps = {cfg.train.steps}"
+    if not finished and not unfinished_ok:
+        raise ConfigError(
+            f"{run}: its newest checkpoint is step {step}, before {last} (running, or stopped); "
+            f"--unfinished exports it anyway"
+        )
+    return RunCheckpoint(run, step, cfg, meta)
+
+
+def _architecture(cfg: Config, tokenizer) -> DecoderConfig:
+    """The run's model (without adapters), as ``policy.build_model`` builds it."""
+    m = cfg.model
+    if m.hf_checkpoint:
+        return hf_architecture(
+            m.hf_checkpoint,
+            param_dtype=m.param_dtype,
+            compute_dtype=m.compute_dtype,
+            remat=m.remat,
+            attention=m.attention,
+        )
+    return preset_architecture(cfg, tokenizer)
+
+
+def _abstract(arch: DecoderConfig, kind=nnx.Param):
+    """The ``kind`` variables of a model of ``arch``, as shapes placed on one device."""
+    model = nnx.eval_shape(lambda: Decoder(arch, rngs=nnx.Rngs(0)))
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    state = nnx.split(model, kind, ...)[1]
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state)
+
+
+def _flat(state) -> dict:
+    return {path: v[...] for path, v in nnx.to_flat_state(state)}
+
+
+def export_run(
+    run: Path,
+    out: Path,
+    *,
+    adapters_only: bool = False,
+    unfinished_ok: bool = False,
+    report=print,
+) -> None:
+    """Writes the newest checkpoint of ``run`` into ``out`` (see the module docstring);
+    ConfigError (one line) for what cannot be exported."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"{out}: exists and is not an empty directory; choose a new one")
+    ckpt = newest_checkpoint(run, unfinished_ok)
+    cfg, m = ckpt.cfg, ckpt.cfg.model
+    if adapters_only and not m.lora_rank:
+        raise ConfigError(
+            f"{run}: full fine-tuning (model.lora_rank = 0) has no adapters; leave out "
+            f"--adapters-only"
+        )
+    tokenizer = build_tokenizer(cfg)  # a dataset run's tokenizer directory must still be there
+    source = None if isinstance(tokenizer, CharTokenizer) else m.tokenizer or m.hf_checkpoint
+    arch = _architecture(cfg, tokenizer)
+    where = f"export {run} step {ckpt.step}"
+    if not m.lora_rank:
+        params = load_run_params(run, _abstract(arch), unfinished_ok=True)
+        save_hf_params(_flat(params), arch, str(out))
+        note = _tokenizer_note(_copy_tokenizer(source, out))
+        report(f"{where} (full fine-tuning): {out} ({note})")
+        return
+    _export_lora(ckpt, arch, tokenizer, source, out, adapters_only, report)
+
+
+def _export_lora(ckpt, arch, tokenizer, source, out: Path, adapters_only: bool, report) -> None:
+    """A LoRA run: merged weights, the adapters in PEFT's layout, and the base when it is not
+    a Hugging Face checkpoint already (see the module docstring)."""
+    cfg, m = ckpt.cfg, ckpt.cfg.model
+    hf_base = m.hf_checkpoint if m.hf_checkpoint and not cfg.train.init_checkpoint else None
+    if adapters_only and hf_base is None:
+        base = "train.init_checkpoint" if cfg.train.init_checkpoint else f"preset {m.preset}"
+        raise ConfigError(
+            f"{ckpt.run}: its base ({base}) is not a Hugging Face checkpoint for PEFT to load the "
+            f"adapters over; leave out --adapters-only to write the base next to them"
+        )
+    # the base as the trainer builds it, checked against the one the adapters were trained over
+    params = nnx.state(build_model(cfg, tokenizer, seed=cfg.train.seed), nnx.Param)
+    if cfg.train.init_checkpoint:
+        params = load_run_params(cfg.train.init_checkpoint, params)
+    check_same_base(ckpt.meta.get("base"), base_identity(cfg), ckpt.step)
+    adapted = arch.replace(
+        lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, lora_targets=m.lora_targets
+    )
+    store = CheckpointStore(ckpt.run / "checkpoints")
+    try:
+        adapters = store.restore(ckpt.step, {"params": _abstract(adapted, LoRAParam)})[0]["params"]
+    finally:
+        store.close()
+
+    written = []
+    if not adapters_only:
+        save_merged(params, adapters, adapted, str(out))
+        written.append(f"{out} (merged; {_tokenizer_note(_copy_tokenizer(source, out))})")
+    if hf_base is None:  # PEFT loads adapters over a Hugging Face directory: write the base
+        hf_base = out / "base"
+        save_hf_params(_flat(params), arch, str(hf_base))
+        _copy_tokenizer(source, hf_base)
+        written.append(f"{hf_base} (the base)")
+    adapter_dir = out if adapters_only else out / "adapter"
+    base_path = str(Path(hf_base).absolute())
+    save_peft_adapters(adapters, adapted, str(adapter_dir), base_path, m.lora_dropout)
+    written.append(f"{adapter_dir} (PEFT adapters over {hf_base})")
+    lora = f"LoRA rank {m.lora_rank} on {', '.join(m.lora_targets)}"
+    report(f"export {ckpt.run} step {ckpt.step} ({lora}): " + ", ".join(written))
+
+
+def _copy_tokenizer(source: str | None, out: Path) -> list[str]:
+    """Copies the tokenizer files of directory ``source`` into ``out``; their names."""
+    if source is None:
+        return []
+    copied = [name for name in TOKENIZER_FILES if (Path(source) / name).is_file()]
+    for name in copied:
+        shutil.copyfile(Path(source) / name, out / name)
+    return copied
+
+
+def _tokenizer_note(files: list[str]) -> str:
+    if files:
+        return "tokenizer: " + ", ".join(files)
+    return "no tokenizer: the synthetic task's characters are sagc-jax's own (tasks.CharTokenizer)"
