@@ -32,8 +32,9 @@ from sagc_jax.parallel.distributed import EXIT_PEER_LOST
 
 CHILD_ENV = "SAGC_JAX_RANK_CHILD"  # set in the child: it trains instead of supervising
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-# The runtime's first line once the coordination service reports an error (glog E/F prefix).
-_SERVICE_ERROR = re.compile(rb"^[EF]\d{4} .*coordination.service", re.IGNORECASE)
+# The runtime's first line once the coordination service fails: a glog warning, error or fatal
+# line naming it (which of its threads speaks first varies from run to run).
+_SERVICE_ERROR = re.compile(rb"^[WEF]\d{4} .*coordination.?service", re.IGNORECASE)
 # The coordinator cannot be reached: process 0 died, or this host lost the network.
 _COORDINATOR_GONE = (b"Failed to send RPC to coordination service", b"leader task")
 _STATUS = re.compile(rb"absl::Status: ([^.\n]*)")
