@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from sagc_jax.config import Config, ConfigError, load_config, to_dict
+from sagc_jax.config import Config, ConfigError, load_config, reference_markdown, to_dict
 
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3  # training stopped: too many non-finite updates in a row
@@ -80,6 +80,9 @@ def _run_dir(cfg: Config, config_path: Path | None, command: str) -> Path:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
+    if args.reference:
+        print(reference_markdown(), end="")
+        return 0
     cfg = load_config(args.config, args.overrides)
     print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
     return 0
@@ -711,6 +714,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("config", help="print the resolved configuration as YAML")
     _add_common(p)
+    p.add_argument(
+        "--reference",
+        action="store_true",
+        help="print every key with its default, what it accepts and its meaning (Markdown: "
+        "docs/config.md) instead",
+    )
     p.set_defaults(func=cmd_config)
 
     p = sub.add_parser(

@@ -42,6 +42,7 @@ __all__ = [
     "load_config",
     "option",
     "parse_controller_spec",
+    "reference_markdown",
     "to_dict",
 ]
 
@@ -125,8 +126,16 @@ class ModelConfig(_Section):
         None,
         help="directory with tokenizer.json (default: hf_checkpoint; synthetic task: built in)",
     )
-    param_dtype: str = option("float32", choices=("float32", "bfloat16"))
-    compute_dtype: str = option("float32", choices=("float32", "bfloat16"))
+    param_dtype: str = option(
+        "float32",
+        choices=("float32", "bfloat16"),
+        help="dtype the weights are stored in (bfloat16 halves their memory)",
+    )
+    compute_dtype: str = option(
+        "float32",
+        choices=("float32", "bfloat16"),
+        help="dtype of matmul inputs and activations; softmax, log-probs and losses stay float32",
+    )
     remat: str = option(
         "none",
         choices=("none", "full", "dots"),
@@ -174,15 +183,22 @@ class SamplingConfig(_Section):
     """Rollout sampling."""
 
     _prefix = "sampling."
-    max_new_tokens: int = option(256, ge=1)
+    max_new_tokens: int = option(
+        256, ge=1, help="tokens a completion may generate (EOS included); longer ones are truncated"
+    )
     decode_chunk: int | str = option(
         "auto",
         ge=0,
         help="cache slots added per decode phase, so a step attends over about the tokens so "
         "far; 0: every step attends over the whole cache; 'auto': max(32, max_new_tokens / 8)",
     )
-    temperature: float = option(1.0, ge=0.0)
-    top_p: float = option(1.0, gt=0.0, le=1.0)
+    temperature: float = option(1.0, ge=0.0, help="sampling temperature; 0: greedy")
+    top_p: float = option(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        help="nucleus sampling: keep the smallest set of tokens with this probability; 1: off",
+    )
     top_k: int = option(0, ge=0, help="0 disables top-k")
     prompt_buckets: tuple[int, ...] | str = option(
         (64, 128, 256, 512, 1024, 2048, 4096),
@@ -214,8 +230,15 @@ class LossConfig(_Section):
     """Policy-gradient objective."""
 
     _prefix = "loss."
-    algorithm: str = option("grpo", choices=("grpo", "dapo", "dr_grpo"))
-    eps_low: float = option(0.2, gt=0.0, lt=1.0)
+    algorithm: str = option(
+        "grpo",
+        choices=("grpo", "dapo", "dr_grpo"),
+        help="grpo: advantages scaled by the group's std, sequence-mean loss; dapo: token-mean "
+        "loss (clip-higher through eps_high); dr_grpo: no std scaling, a constant normaliser",
+    )
+    eps_low: float = option(
+        0.2, gt=0.0, lt=1.0, help="lower clip of the probability ratio: 1 - eps_low"
+    )
     eps_high: float = option(0.2, gt=0.0, help="DAPO clip-higher uses 0.28")
     kl_beta: float = option(0.0, ge=0.0, help="k3 KL to the frozen initial policy; 0 disables")
     overlong_buffer: int = option(0, ge=0, help="DAPO soft overlong interval in tokens; 0 off")
@@ -242,18 +265,45 @@ class SAGCConfig(_Section):
     """
 
     _prefix = "controller.sagc."
-    candidates: tuple[int, ...] = option((4, 8, 16), ge=1)
-    delta: float = option(0.3, gt=0.0, lt=1.0)
-    tau: float = option(3.0, gt=1.0)
-    scope: str = option("group", choices=("group", "batch"))
-    eta: float = option(1.0, gt=0.0)
-    lambda_max: float = option(20.0, gt=0.0)
-    gamma: float = option(0.95, gt=0.0, le=1.0)
-    alpha0: float = option(1.0, gt=0.0)
-    beta0: float = option(1.0, gt=0.0)
-    radius: int = option(1, ge=1)
-    g_init: int | None = option(None, ge=1)
-    seed: int = option(0, ge=0)
+    candidates: tuple[int, ...] = option(
+        (4, 8, 16), ge=1, help="the ladder of group sizes G, strictly increasing"
+    )
+    delta: float = option(
+        0.3,
+        gt=0.0,
+        lt=1.0,
+        help="straggler budget: the target long-run share of straggling groups E[s_t]",
+    )
+    tau: float = option(
+        3.0,
+        gt=1.0,
+        help="a group straggles when the max/median of its completion lengths exceeds tau",
+    )
+    scope: str = option(
+        "group",
+        choices=("group", "batch"),
+        help="group: s_t = share of the step's groups that straggle; batch: 0/1 over the "
+        "whole step",
+    )
+    eta: float = option(1.0, gt=0.0, help="step size of the dual variable lambda")
+    lambda_max: float = option(20.0, gt=0.0, help="upper clip of lambda")
+    gamma: float = option(
+        0.95,
+        gt=0.0,
+        le=1.0,
+        help="forgetting factor of the Beta posteriors (memory of about 1/(1-gamma) steps)",
+    )
+    alpha0: float = option(
+        1.0, gt=0.0, help="Beta prior of every candidate's straggler probability: alpha"
+    )
+    beta0: float = option(
+        1.0, gt=0.0, help="Beta prior of every candidate's straggler probability: beta"
+    )
+    radius: int = option(1, ge=1, help="G moves at most this many rungs of the ladder per step")
+    g_init: int | None = option(
+        None, ge=1, help="G of the first step (a candidate); null: the middle rung"
+    )
+    seed: int = option(0, ge=0, help="seed of the Thompson-sampling generator")
 
     def check(self) -> None:
         c = list(self.candidates)
@@ -359,7 +409,12 @@ class ControllerConfig(_Section):
     prompt-aware hybrid or a fixed G baseline."""
 
     _prefix = "controller."
-    kind: str = option("sagc_plus", choices=("sagc", "sagc_plus", "hybrid", "fixed"))
+    kind: str = option(
+        "sagc_plus",
+        choices=("sagc", "sagc_plus", "hybrid", "fixed"),
+        help="sagc: the paper's SAGC; sagc_plus: SAGC+ (docs/controller.md); hybrid: "
+        "prompt-aware; fixed: controller.group_size every step",
+    )
     group_size: int = option(8, ge=1, help="G of the fixed baseline (kind: fixed)")
     sagc: SAGCConfig = dataclasses.field(default_factory=SAGCConfig)
     sagc_plus: SAGCPlusConfig = dataclasses.field(default_factory=SAGCPlusConfig)
@@ -371,18 +426,24 @@ class TrainConfig(_Section):
     """The RL loop: batch shape, optimizer, update schedule, checkpoints and evaluation."""
 
     _prefix = "train."
-    steps: int = option(100, ge=1)
+    steps: int = option(100, ge=1, help="RL steps (each: rollouts, rewards, update, controller)")
     batch_mode: str = option(
         "prompts",
         choices=("prompts", "budget"),
         help="prompts: prompts_per_step x G rollouts; budget: rollout_budget / G prompts",
     )
-    prompts_per_step: int = option(8, ge=1)
+    prompts_per_step: int = option(
+        8, ge=1, help="prompts per step in prompts mode (rows: prompts_per_step x G)"
+    )
     rollout_budget: int = option(64, ge=1, help="rollouts per step in budget mode")
-    learning_rate: float = option(1e-6, gt=0.0)
-    lr_schedule: str = option("constant", choices=("constant", "cosine"))
+    learning_rate: float = option(1e-6, gt=0.0, help="peak AdamW learning rate")
+    lr_schedule: str = option(
+        "constant",
+        choices=("constant", "cosine"),
+        help="constant after the warm-up, or cosine decay to 0 over the run",
+    )
     warmup_steps: int = option(0, ge=0, help="optimizer updates of linear warm-up")
-    weight_decay: float = option(0.0, ge=0.0)
+    weight_decay: float = option(0.0, ge=0.0, help="AdamW decoupled weight decay")
     max_grad_norm: float = option(1.0, ge=0.0, help="0 disables clipping")
     optimizer_dtype: str = option(
         "float32",
@@ -390,15 +451,15 @@ class TrainConfig(_Section):
         help="float32: Adam moments in float32 and, with bfloat16 params, a float32 master copy "
         "of the params; param: moments in the params' dtype, no master copy (least memory)",
     )
-    adam_b1: float = option(0.9, ge=0.0, lt=1.0)
-    adam_b2: float = option(0.999, ge=0.0, lt=1.0)
+    adam_b1: float = option(0.9, ge=0.0, lt=1.0, help="Adam's first-moment decay")
+    adam_b2: float = option(0.999, ge=0.0, lt=1.0, help="Adam's second-moment decay")
     epochs: int = option(1, ge=1, help="optimisation passes over each rollout batch")
     minibatches: int = option(1, ge=1, help="optimizer updates per epoch")
     microbatches: int = option(1, ge=1, help="gradient-accumulation chunks per update")
-    seed: int = option(0, ge=0)
+    seed: int = option(0, ge=0, help="root seed of the run: model init, sampling keys, data order")
     checkpoint_every: int = option(25, ge=0, help="steps between checkpoints; 0: only at the end")
     checkpoint_minutes: float = option(0.0, ge=0.0, help="also checkpoint this often; 0: off")
-    keep_checkpoints: int = option(3, ge=1)
+    keep_checkpoints: int = option(3, ge=1, help="sealed checkpoints kept; older ones are deleted")
     async_checkpoint: bool = option(True, help="write checkpoints in the background")
     max_nonfinite_steps: int = option(
         3, ge=1, help="abort after this many steps in a row with a non-finite loss or gradient"
@@ -443,11 +504,13 @@ class SFTConfig(_Section):
     """Supervised warm start on task traces (``sagc-jax sft``)."""
 
     _prefix = "sft."
-    steps: int = option(300, ge=1)
-    batch_size: int = option(32, ge=1)
-    learning_rate: float = option(1e-3, gt=0.0)
-    warmup_steps: int = option(20, ge=0)
-    seed: int = option(0, ge=0)
+    steps: int = option(300, ge=1, help="optimizer steps of the warm start")
+    batch_size: int = option(32, ge=1, help="traces per step")
+    learning_rate: float = option(
+        1e-3, gt=0.0, help="peak AdamW learning rate (linear warm-up, then constant)"
+    )
+    warmup_steps: int = option(20, ge=0, help="steps of linear warm-up")
+    seed: int = option(0, ge=0, help="seed of the model init and the traces' order")
     ramble_fraction: float = option(
         0.0,
         ge=0.0,
@@ -476,7 +539,11 @@ class DataConfig(_Section):
     """Where prompts and rewards come from."""
 
     _prefix = "data."
-    task: str = option("synthetic", choices=("synthetic", "dataset"))
+    task: str = option(
+        "synthetic",
+        choices=("synthetic", "dataset"),
+        help="synthetic: the built-in running-sum task; dataset: data.path with your own rows",
+    )
     path: str | None = option(None, help="JSONL or Parquet of {prompt, answer} (task: dataset)")
     eval_path: str | None = option(None, help="held-out file (task: dataset)")
     reward: str = option("auto", help="'auto', 'synthetic', 'math' or 'module:function'")
@@ -517,9 +584,9 @@ class DataConfig(_Section):
         "its row (error), or leave the row out and print how many were (skip)",
     )
     min_terms: int = option(2, ge=1, help="synthetic task: fewest terms per problem")
-    max_terms: int = option(8, ge=1)
-    min_digits: int = option(1, ge=1)
-    max_digits: int = option(1, ge=1)
+    max_terms: int = option(8, ge=1, help="synthetic task: most terms per problem")
+    min_digits: int = option(1, ge=1, help="synthetic task: fewest digits of a term (1..9)")
+    max_digits: int = option(1, ge=1, help="synthetic task: most digits of a term (min_digits..9)")
     modulus: int | None = option(None, ge=2, help="synthetic task: running sums modulo this")
     curriculum_steps: int = option(
         0,
@@ -541,7 +608,7 @@ class DataConfig(_Section):
         "drawn from a fixed pool of N, revisited every epoch in a new order (prompt id = pool "
         "index), as a dataset is; the hybrid controller learns per prompt from the revisits",
     )
-    seed: int = option(0, ge=0)
+    seed: int = option(0, ge=0, help="seed of the synthetic problems and of the dataset's order")
 
     def check(self) -> None:
         if self.min_terms > self.max_terms:
@@ -572,9 +639,17 @@ class MeshConfig(_Section):
     """Device mesh shape; -1 means all remaining devices."""
 
     _prefix = "mesh."
-    data: int = option(1, ge=-1)
-    fsdp: int = option(-1, ge=-1)
-    tensor: int = option(1, ge=-1)
+    data: int = option(
+        1,
+        ge=-1,
+        help="devices of the data-parallel axis (rows split, weights replicated); -1: the rest",
+    )
+    fsdp: int = option(
+        -1, ge=-1, help="devices of the fully sharded axis (rows and weights split); -1: the rest"
+    )
+    tensor: int = option(
+        1, ge=-1, help="devices of the tensor-parallel axis (heads and MLP split); -1: the rest"
+    )
 
     def check(self) -> None:
         sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
@@ -591,8 +666,8 @@ class LoggingConfig(_Section):
 
     _prefix = "logging."
     run_dir: str | None = option(None, help="default: runs/<command>-<config name>-<timestamp>")
-    plots: bool = option(True)
-    tensorboard: bool = option(True)
+    plots: bool = option(True, help="write PNG plots of the run's metrics at the end")
+    tensorboard: bool = option(True, help="write TensorBoard event files beside metrics.jsonl")
     progress: bool = option(True, help="progress bar on stderr")
 
 
@@ -625,22 +700,44 @@ class SimConfig(_Section):
     """
 
     _prefix = "sim."
-    steps: int = option(300, ge=1)
-    prompts_per_step: int = option(64, ge=1)
-    seed: int = option(0, ge=0)
-    controllers: tuple[str, ...] = option(("fixed:4", "fixed:8", "fixed:16", "sagc", "sagc_plus"))
-    max_new_tokens: int = option(8192, ge=1)
-    prompt_tokens: int = option(256, ge=0)
-    median_start: float = option(350.0, gt=0.0)
-    median_end: float = option(1200.0, gt=0.0)
-    prompt_sigma: float = option(0.5, ge=0.0)
-    group_sigma: float = option(0.15, ge=0.0)
+    steps: int = option(300, ge=1, help="simulated steps")
+    prompts_per_step: int = option(64, ge=1, help="prompts per simulated step")
+    seed: int = option(
+        0, ge=0, help="seed of the workload (every controller sees the same lengths)"
+    )
+    controllers: tuple[str, ...] = option(
+        ("fixed:4", "fixed:8", "fixed:16", "sagc", "sagc_plus"),
+        help="controller specs to compare: 'fixed:G', 'sagc', 'sagc_plus', 'hybrid', "
+        "'hybrid:per_prompt'",
+    )
+    max_new_tokens: int = option(8192, ge=1, help="length cap of a completion (tokens)")
+    prompt_tokens: int = option(256, ge=0, help="tokens of a prompt")
+    median_start: float = option(
+        350.0, gt=0.0, help="median length of successful completions at the first step (tokens)"
+    )
+    median_end: float = option(
+        1200.0, gt=0.0, help="median length of successful completions at the last step (tokens)"
+    )
+    prompt_sigma: float = option(0.5, ge=0.0, help="log-spread of a prompt's length scale z_p")
+    group_sigma: float = option(
+        0.15, ge=0.0, help="log-spread of lengths within a group at the first step"
+    )
     group_sigma_end: float | None = option(0.6, ge=0.0, help="spread at the last step")
     tail_df: float = option(3.0, gt=0.0, help="Student-t degrees of freedom; inf = Gaussian")
-    success_mean: float = option(0.4, ge=0.0, le=1.0)
-    success_concentration: float = option(1.5, gt=0.0)
-    failure_length_ratio: float = option(3.0, gt=0.0)
-    runaway_prob: float = option(0.002, ge=0.0, le=1.0)
+    success_mean: float = option(
+        0.4, ge=0.0, le=1.0, help="mean success probability of a prompt (Beta)"
+    )
+    success_concentration: float = option(
+        1.5,
+        gt=0.0,
+        help="concentration of that Beta (small: prompts mostly solved or mostly failed)",
+    )
+    failure_length_ratio: float = option(
+        3.0, gt=0.0, help="failed completions are this many times longer"
+    )
+    runaway_prob: float = option(
+        0.002, ge=0.0, le=1.0, help="probability that a completion runs to max_new_tokens"
+    )
     # A fixed pool of prompts revisited every epoch (PromptPoolWorkload).
     prompt_pool: int = option(
         0,
@@ -953,3 +1050,51 @@ def _locate(message: str, origin: str, lines: dict[str, int], set_keys: dict[str
         if dotted.startswith(f"{key}."):
             return f"--set {text}: {message}"
     return f"{origin}: {message}"
+
+
+# --------------------------------------------------------------------------- reference
+
+
+def reference_markdown() -> str:
+    """docs/config.md: every key with its default, what it accepts and its help, one table per
+    section, generated from the dataclasses (``sagc-jax config --reference``)."""
+    out = [
+        "# Configuration reference",
+        "",
+        "Every key of a run's config, generated from the config dataclasses "
+        "(`sagc_jax/config.py`) by `sagc-jax config --reference > docs/config.md`; a test "
+        "checks that this page is current. A config file is a YAML mapping of these sections; "
+        "every key is optional, and `--set section.key=value` overrides one on the command "
+        "line. [Back to the README](../README.md)",
+    ]
+
+    def section(cls: type, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        nested, rows = [], []
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[f.name]):
+                nested.append((hints[f.name], f"{prefix}{f.name}."))
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            meta = f.metadata
+            accepts = " or ".join(f"`{c}`" for c in meta["choices"]) if meta.get("choices") else ""
+            if accepts and isinstance(default, tuple):
+                accepts = f"a list, each {accepts}"
+            accepts = accepts or _type_name(hints[f.name])
+            if bounds := _describe_bounds(meta):
+                accepts += f", {bounds}"
+            value = list(default) if isinstance(default, tuple) else default
+            shown = yaml.safe_dump(value, default_flow_style=True, width=1000)
+            shown = shown.removesuffix("\n...\n").strip()
+            meaning = " ".join(meta.get("help", "").split()).replace("|", "\\|")
+            rows.append(f"| `{prefix}{f.name}` | `{shown}` | {accepts} | {meaning} |")
+        if rows:
+            doc = " ".join((cls.__doc__ or "").split())
+            out.extend(["", f"## `{prefix.rstrip('.')}`", "", doc, ""])
+            out.extend(["| key | default | accepts | meaning |", "| --- | --- | --- | --- |"])
+            out.extend(rows)
+        for child, child_prefix in nested:
+            section(child, child_prefix)
+
+    section(Config, "")
+    return "\n".join(out) + "\n"

@@ -8,7 +8,14 @@ import pytest
 import yaml
 
 from sagc_jax.cli import main
-from sagc_jax.config import Config, ConfigError, from_dict, load_config, to_dict
+from sagc_jax.config import (
+    Config,
+    ConfigError,
+    from_dict,
+    load_config,
+    reference_markdown,
+    to_dict,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
@@ -141,3 +148,24 @@ def test_the_commands_without_config_are_the_ones_the_docs_name():
     assert "Every subcommand but ``report RUN`` and ``tokenizer`` takes ``--config" in cli.__doc__
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert "Every subcommand but `report RUN` and `tokenizer` takes `--config FILE`" in readme
+
+
+def test_the_config_reference_page_is_current_and_every_key_has_a_meaning(capsys):
+    page = reference_markdown()
+    assert (ROOT / "docs" / "config.md").read_text() == page, (
+        "docs/config.md is stale: run `sagc-jax config --reference > docs/config.md`"
+    )
+    rows = [line for line in page.splitlines() if line.startswith("| `")]
+    keys = {row.split("`")[1] for row in rows}
+    for section, values in to_dict(load_config(None)).items():  # every key, nested ones too
+        stack = [(section, values)]
+        while stack:
+            prefix, value = stack.pop()
+            if isinstance(value, dict):
+                stack += [(f"{prefix}.{k}", v) for k, v in value.items()]
+            else:
+                assert prefix in keys, prefix
+    assert len(keys) == len(rows)
+    assert [row.split("`")[1] for row in rows if row.rstrip().endswith("|  |")] == []
+    assert main(["config", "--reference"]) == 0
+    assert capsys.readouterr().out == page
