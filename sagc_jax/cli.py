@@ -339,7 +339,34 @@ def _train(cfg: Config, args: argparse.Namespace, run: dict) -> int:
         return 128 + signum
     if leader:
         _print_summary(f"train done, wrote {out_dir}", summary, out_dir)
+        print(_what_next(cfg, out_dir))
     return 0
+
+
+def _what_next(cfg: Config, out_dir: Path) -> str:
+    """The run's held-out accuracy, first evaluation to last, and the commands to go on with."""
+    from sagc_jax.train.report import read_metrics
+
+    _, evals = read_metrics(out_dir)
+    scored = [e for e in evals if "eval/accuracy" in e]
+    lines = []
+    if len(scored) >= 2:
+        first, last = scored[0], scored[-1]
+        lines.append(
+            f"held-out accuracy: {first['eval/accuracy']:.3f} at step {first['step']} -> "
+            f"{last['eval/accuracy']:.3f} at step {last['step']} ({cfg.train.eval_size} prompts)"
+        )
+    steps = [
+        (f"sagc-jax report {out_dir}", "summary and plots of the run"),
+        (f"sagc-jax eval --checkpoint {out_dir}", "evaluate the saved policy again"),
+        (f"tensorboard --logdir {out_dir}", "the curves (pip install tensorboard)"),
+        (f"sagc-jax export {out_dir} OUT_DIR", "a Hugging Face model directory"),
+    ]
+    if not cfg.logging.tensorboard:
+        steps.pop(2)
+    width = max(len(command) for command, _ in steps)
+    lines += ["next:", *(f"  {command:<{width}}   {what}" for command, what in steps)]
+    return "\n".join(lines)
 
 
 # Keys that shape the stored parameters: a --config differing in one cannot load the run.

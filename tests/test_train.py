@@ -140,10 +140,20 @@ def test_train_command_writes_replayable_metrics_and_tensorboard(tmp_path, capsy
         f"logging.run_dir={run}",
     ]
     assert main(args) == 0
-    assert "train done" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "train done" in out
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [x for x in lines if "group_size" in x]
     assert len(steps) == 3
+    # the run's own figures and what to run next end the output
+    evals = [x for x in lines if "eval/accuracy" in x]
+    tail = out.split(f"train done, wrote {run}:")[1].splitlines()[1:]
+    assert tail[0].startswith(
+        f"held-out accuracy: {evals[0]['eval/accuracy']:.3f} at step 0 -> "
+        f"{evals[-1]['eval/accuracy']:.3f} at step 3 ("
+    )
+    assert tail[1] == "next:"
+    assert tail[2].split() == f"sagc-jax report {run} summary and plots of the run".split()
     for key in (
         "reward",
         "accuracy",
