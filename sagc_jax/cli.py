@@ -507,6 +507,29 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_ladder_and_budget(run: Path) -> tuple[tuple[int, ...], float | None]:
+    """(``controller.sagc.candidates``, ``controller.sagc.delta``) of the config saved with the
+    newest checkpoint of ``run``, read without verifying or moving anything (the run may still
+    be training); ((), None) when there is no checkpoint or its config no longer loads."""
+    from sagc_jax.config import from_dict
+
+    if not (run / "checkpoints").is_dir():
+        return (), None
+    from sagc_jax.train.checkpoint import CheckpointStore
+
+    store = CheckpointStore(run / "checkpoints", async_save=False)
+    try:
+        step = store.latest_step()
+        if step is None:
+            return (), None
+        sagc = from_dict(store.read_meta(step)["config"]).controller.sagc
+    except (ConfigError, OSError, KeyError, ValueError):  # unreadable, or keys since removed
+        return (), None
+    finally:
+        store.close()
+    return sagc.candidates, sagc.delta
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from sagc_jax.train.report import plot_runs, read_metrics, summarize
 
@@ -516,7 +539,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UserError(str(err)) from None
     summary = summarize(steps, evals)
     if steps:
-        plot_runs({args.run_dir.name: (steps, evals)}, args.run_dir / "report")
+        candidates, delta = _run_ladder_and_budget(args.run_dir)
+        plot_runs({args.run_dir.name: (steps, evals)}, args.run_dir / "report", candidates, delta)
     print(
         f"report {args.run_dir}: "
         + ", ".join(

@@ -1,4 +1,5 @@
-"""Shared pieces of the trainer tests: a tiny run config and a tiny real tokenizer."""
+"""Shared pieces of the trainer tests: a tiny run config, a tiny real tokenizer, and the data of
+the plots a command saves."""
 
 import hashlib
 import json
@@ -68,3 +69,39 @@ def tree_digest(path):
             h.update(str(p.relative_to(path)).encode())
             h.update(p.read_bytes())
     return h.hexdigest()
+
+
+def capture_figures(monkeypatch) -> dict:
+    """{file name: matplotlib Figure} of every PNG the code under test saves (the files are still
+    written): plots are checked as data (lines, bands, legends), not as images."""
+    from pathlib import Path
+
+    from matplotlib.figure import Figure
+
+    saved, savefig = {}, Figure.savefig
+
+    def record(fig, path, *args, **kwargs):
+        saved[Path(path).name] = fig
+        return savefig(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", record)
+    return saved
+
+
+def band_limits(ax) -> tuple[float, float]:
+    """(lowest, highest) finite y of every band (``fill_between``) drawn on ``ax``."""
+    import numpy as np
+
+    y = np.concatenate([p.vertices[:, 1] for c in ax.collections for p in c.get_paths()])
+    y = y[np.isfinite(y)]
+    return float(y.min()), float(y.max())
+
+
+def delta_lines(ax) -> list[float]:
+    """The y of every horizontal line labelled "delta" on ``ax``."""
+    lines = [line for line in ax.get_lines() if line.get_label() == "delta"]
+    return [float(line.get_ydata()[0]) for line in lines if len(set(line.get_ydata())) == 1]
+
+
+def legend_labels(ax) -> list[str]:
+    return [t.get_text() for t in ax.get_legend().get_texts()]

@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+from helpers import capture_figures, delta_lines, legend_labels
 
 from sagc_jax.cli import main
 from sagc_jax.config import SimConfig, load_config
@@ -99,7 +100,8 @@ def test_sagc_meets_the_done_criteria_on_the_calibrated_workload():
     assert rows["sagc_plus"]["synchronous_h"] < rows["sagc"]["synchronous_h"]
 
 
-def test_simulate_command_writes_table_csv_and_plots(tmp_path, capsys):
+def test_simulate_command_writes_table_csv_and_plots(tmp_path, capsys, monkeypatch):
+    figures = capture_figures(monkeypatch)
     out = tmp_path / "run"
     code = main(
         [
@@ -129,6 +131,11 @@ def test_simulate_command_writes_table_csv_and_plots(tmp_path, capsys):
         assert (out / name).stat().st_size > 0, name
     steps_csv = (out / "steps.csv").read_text().splitlines()
     assert len(steps_csv) == 1 + 5 * 30  # five default controllers
+    # the budget on the plots of straggling (delta_line, shared with report and compare)
+    delta = load_config(out / "config.yaml").controller.sagc.delta
+    for name in ("posterior_mean.png", "straggler_rate.png"):
+        assert delta_lines(figures[name].axes[0]) == [delta], name
+    assert "sagc G=16" in legend_labels(figures["posterior_mean.png"].axes[0])
 
 
 def write_log(path, records):

@@ -4,9 +4,11 @@ import math
 
 import numpy as np
 import pytest
+from helpers import band_limits, capture_figures, delta_lines, legend_labels
 
 from sagc_jax.config import SimConfig
 from sagc_jax.sim import StepTimer
+from sagc_jax.train.report import plot_runs
 from sagc_jax.train.study import (
     calibration_measures,
     format_paired,
@@ -14,6 +16,7 @@ from sagc_jax.train.study import (
     mean_ci,
     modeled_step_seconds,
     paired_difference,
+    plot_study,
     run_measures,
     study,
     t_quantile,
@@ -172,3 +175,75 @@ def test_calibration_of_a_prompt_aware_run():
     per_run = {("hybrid:step", 0): (steps, evals)}
     (row,) = study(per_run, ["hybrid:step"], 1, TIMER)["calibration"]
     assert row["controller"] == "hybrid:step" and row["predicted_s_t"] == 0.5
+
+
+def _plot_log(controller, seed, steps=4):
+    """(steps, evals) of a run whose seeds 0 and 1 never straggle at G = 4 and whose seed 2
+    always straggles at G = 16: over 3 seeds every t band (half-width 4.303 sd / sqrt 3) reaches
+    past the values the quantity can take (a share from -1.1 to 1.8, G from -9 to 25)."""
+    wild = seed == 2
+    g = 4 if controller.startswith("fixed") or not wild else 16
+    records = []
+    for i in range(1, steps + 1):
+        r = {
+            "step": i,
+            "time/step_s": 1.0,
+            "lengths": [[5] * g],
+            "prompt_tokens": 5,
+            "decode_steps": 5,
+            "group_size": g,
+            "controller/s_t": float(wild),
+            "controller/lambda": 5.0 * wild,
+            "group_ratios": [5.0 if wild else 1.0],
+            "length/mean": 5.0,
+            "reward": 0.5,
+        }
+        if not controller.startswith("fixed"):
+            r["controller/posterior_mean"] = [float(wild)] * 3
+        if controller.startswith("hybrid"):
+            r["controller/predicted_s_t"] = float(wild)
+        records.append(r)
+    evals = [{"step": 0, "eval/accuracy": 0.0}, {**records[-1], "eval/accuracy": float(wild)}]
+    records[-1] = evals[-1]
+    return records, evals
+
+
+def test_study_plots_keep_bands_in_range_and_name_candidates(tmp_path, monkeypatch):
+    figures = capture_figures(monkeypatch)
+    controllers = ["fixed:4", "sagc", "hybrid:step"]
+    per_run = {(c, s): _plot_log(c, s) for c in controllers for s in range(3)}
+    plot_study(per_run, controllers, 3, TIMER, tmp_path, candidates=(4, 8, 16), delta=0.2)
+
+    accuracy = figures["accuracy_vs_time.png"].axes
+    assert all(band_limits(ax) == (0.0, 1.0) for ax in accuracy)
+    g_ax, lam_ax = figures["group_size_lambda.png"].axes
+    assert band_limits(g_ax) == (4.0, 16.0)  # the ladder's range, not -9..25
+    sagc_g = next(line for line in g_ax.get_lines() if line.get_label() == "sagc")
+    np.testing.assert_allclose(sagc_g.get_ydata(), 8.0)  # the mean itself is not moved
+    assert band_limits(lam_ax)[0] == 0.0
+    s_ax, ratio_ax = figures["straggler_ratio.png"].axes
+    assert band_limits(s_ax) == (0.0, 1.0) and band_limits(ratio_ax)[0] == 1.0
+    assert delta_lines(s_ax) == [0.2]
+    (post_ax,) = figures["posterior_mean.png"].axes
+    assert band_limits(post_ax) == (0.0, 1.0) and delta_lines(post_ax) == [0.2]
+    assert legend_labels(post_ax) == [
+        *[f"{c} G={g}" for c in ("sagc", "hybrid:step") for g in (4, 8, 16)],
+        "delta",
+    ]
+    (cal_ax,) = figures["calibration.png"].axes
+    assert band_limits(cal_ax) == (0.0, 1.0) and delta_lines(cal_ax) == [0.2]
+
+
+def test_report_plots_name_candidates_and_draw_delta(tmp_path, monkeypatch):
+    figures = capture_figures(monkeypatch)
+    run = {"run": _plot_log("sagc", 2)}
+    plot_runs(run, tmp_path, candidates=(4, 8, 16), delta=0.25)
+    (post_ax,) = figures["posterior_mean.png"].axes
+    assert legend_labels(post_ax) == ["run G=4", "run G=8", "run G=16", "delta"]
+    (rate_ax,) = figures["straggler_rate.png"].axes
+    assert delta_lines(rate_ax) == [0.25] and delta_lines(post_ax) == [0.25]
+    # a run without a saved config: the ladder's order, and no budget to draw
+    plot_runs(run, tmp_path)
+    (post_ax,) = figures["posterior_mean.png"].axes
+    assert legend_labels(post_ax) == ["run rung 0", "run rung 1", "run rung 2"]
+    assert delta_lines(figures["straggler_rate.png"].axes[0]) == []

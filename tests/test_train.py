@@ -6,7 +6,7 @@ import re
 import jax
 import numpy as np
 import pytest
-from helpers import TINY, write_word_tokenizer
+from helpers import TINY, capture_figures, delta_lines, legend_labels, write_word_tokenizer
 
 from sagc_jax.cli import main
 from sagc_jax.config import ConfigError, load_config, to_dict
@@ -286,7 +286,8 @@ def test_dataset_task_with_a_tokenizer_and_math_reward(tmp_path, capsys):
     assert f"{data}:26" in err and "answer" in err and err.count("\n") == 1
 
 
-def test_compare_and_report_commands(tmp_path, capsys):
+def test_compare_and_report_commands(tmp_path, capsys, monkeypatch):
+    figures = capture_figures(monkeypatch)
     out = tmp_path / "cmp"
     args = [
         "compare",
@@ -332,8 +333,16 @@ def test_compare_and_report_commands(tmp_path, capsys):
         "sagc-seed0",
         "sagc-seed1",
     ]
+    # the posterior's legend names the candidates' G; the budget (demo.yaml's delta 0.3) is
+    # drawn on the plots of straggling, in compare's plots and in report's
+    (post,) = figures["posterior_mean.png"].axes
+    assert legend_labels(post) == ["sagc G=2", "sagc G=4", "delta"]
+    assert delta_lines(figures["straggler_ratio.png"].axes[0]) == [0.3]
     assert main(["report", str(out / "sagc-seed0")]) == 0
     assert "straggler_rate=" in capsys.readouterr().out
     assert (out / "sagc-seed0" / "report" / "group_size_lambda.png").exists()
+    (post,) = figures["posterior_mean.png"].axes  # the report's, read from the run's config
+    assert legend_labels(post) == ["sagc-seed0 G=2", "sagc-seed0 G=4", "delta"]
+    assert delta_lines(figures["straggler_rate.png"].axes[0]) == [0.3]
     assert main(["report", str(tmp_path)]) == 2
     assert "no metrics.jsonl" in capsys.readouterr().err

@@ -33,6 +33,12 @@ PRICE_TITLE = "Straggler price (sagc: multiplier; sagc_plus: LP)"
 REFERENCE = "fixed:16"
 
 
+def delta_line(ax, delta: float) -> None:
+    """The straggler budget ``delta`` as a dotted horizontal line labelled "delta", on every plot
+    of straggler shares, rates or probabilities (simulator, ``report`` and ``compare`` plots)."""
+    ax.axhline(delta, color="k", ls=":", label="delta")
+
+
 def summary_rows(runs: list[SimRun], reference: str = REFERENCE) -> list[dict]:
     """Summaries with the modeled hours of each regime relative to ``reference``'s (nan when it
     was not run)."""
@@ -192,7 +198,7 @@ def write_plots(runs: list[SimRun], out_dir: Path, delta: float) -> list[Path]:
     for run in adaptive:
         for i, g in enumerate(run.candidates):
             ax.plot(run.posterior_mean[:, i], label=f"{run.name} G={g}")
-    ax.axhline(delta, color="k", ls=":", label="delta")
+    delta_line(ax, delta)
     ax.set(
         xlabel="step",
         ylabel="alpha / (alpha + beta)",
@@ -205,7 +211,7 @@ def write_plots(runs: list[SimRun], out_dir: Path, delta: float) -> list[Path]:
     fig, ax = plt.subplots(figsize=(8, 3.5))
     for run in runs:
         ax.plot(np.cumsum(run.s_t) / np.arange(1, len(run.s_t) + 1), label=run.name)
-    ax.axhline(delta, color="k", ls=":", label="delta")
+    delta_line(ax, delta)
     ax.set(xlabel="step", ylabel="running mean of s_t", ylim=(0, 1), title="Running straggler rate")
     ax.legend(fontsize=8)
     save(fig, "straggler_rate.png")

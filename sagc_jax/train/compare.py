@@ -78,7 +78,10 @@ def compare(
             per_run[(spec, seed)] = read_metrics(run_dir)
     timer = step_timer(cfg, max(cfg.sampling.prompt_buckets) + cfg.sampling.max_new_tokens)
     result = study(per_run, controllers, seeds, timer)
-    plot_study(per_run, controllers, seeds, timer, out_dir)
+    sagc = cfg.controller.sagc
+    plot_study(
+        per_run, controllers, seeds, timer, out_dir, candidates=sagc.candidates, delta=sagc.delta
+    )
     write_tables(result, out_dir)
     return result
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sagc_jax.sim.report import PRICE_TITLE
+from sagc_jax.sim.report import PRICE_TITLE, delta_line
 
 
 def read_metrics(run_dir: str | Path) -> tuple[list[dict], list[dict]]:
@@ -68,9 +68,26 @@ def figure_writer(out_dir: Path):
     return plt, save, paths
 
 
-def plot_runs(runs: dict[str, tuple[list[dict], list[dict]]], out_dir: Path) -> list[Path]:
+def candidate_labels(candidates: tuple[int, ...], k: int) -> list[str]:
+    """Legend labels of a posterior of ``k`` entries, one per candidate in ladder order:
+    "G=4", "G=8", ... from the run's ``candidates``; "rung 0", ... when they are not known
+    (no saved config) or do not match ``k``."""
+    if len(candidates) == k:
+        return [f"G={g}" for g in candidates]
+    return [f"rung {i}" for i in range(k)]
+
+
+def plot_runs(
+    runs: dict[str, tuple[list[dict], list[dict]]],
+    out_dir: Path,
+    candidates: tuple[int, ...] = (),
+    delta: float | None = None,
+) -> list[Path]:
     """PNGs over all named runs: accuracy and reward against wall-clock, G and lambda over
-    steps, posterior mean per candidate, and the distribution of group max/median ratios."""
+    steps, posterior mean per candidate, the straggler share per step and its running rate, and
+    the distribution of group max/median ratios. ``candidates`` (the controller's ladder) names
+    the posterior's entries; ``delta`` (the straggler budget) is drawn on the straggler plots;
+    both from the runs' config (``controller.sagc``), None/() when unknown."""
     plt, save, paths = figure_writer(out_dir)
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
@@ -101,20 +118,40 @@ def plot_runs(runs: dict[str, tuple[list[dict], list[dict]]], out_dir: Path) -> 
 
     fig, ax = plt.subplots(figsize=(8, 3.8))
     for name, (steps, _) in runs.items():
-        post = [r["controller/posterior_mean"] for r in steps if "controller/posterior_mean" in r]
-        if post:
-            post = np.array(post)
-            for i in range(post.shape[1]):
-                ax.plot(post[:, i], label=f"{name} rung {i}")
+        logged = [r for r in steps if "controller/posterior_mean" in r]
+        if logged:
+            x = [r["step"] for r in logged]
+            post = np.array([r["controller/posterior_mean"] for r in logged])
+            for i, label in enumerate(candidate_labels(candidates, post.shape[1])):
+                ax.plot(x, post[:, i], label=f"{name} {label}")
+    if ax.get_legend_handles_labels()[0]:  # fixed-G runs have no posterior
+        if delta is not None:
+            delta_line(ax, delta)
+        ax.legend(fontsize=7)
     ax.set(
         xlabel="step",
         ylabel="alpha / (alpha + beta)",
         ylim=(0, 1),
-        title="Posterior mean straggler probability per candidate (ladder order)",
+        title="Posterior mean straggler probability per candidate",
     )
-    if ax.get_legend_handles_labels()[0]:  # fixed-G runs have no posterior
-        ax.legend(fontsize=7)
     save(fig, "posterior_mean.png")
+
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    for name, (steps, _) in runs.items():
+        x = [r["step"] for r in steps]
+        s_t = np.array([r["controller/s_t"] for r in steps], float)
+        (line,) = ax.plot(x, np.cumsum(s_t) / np.arange(1, len(s_t) + 1), label=name)
+        ax.plot(x, s_t, color=line.get_color(), alpha=0.25, lw=1)
+    if delta is not None:
+        delta_line(ax, delta)
+    ax.set(
+        xlabel="step",
+        ylabel="share of groups",
+        ylim=(0, 1),
+        title="Running straggler rate (faint: the step's straggler share s_t)",
+    )
+    ax.legend(fontsize=8)
+    save(fig, "straggler_rate.png")
 
     fig, ax = plt.subplots(figsize=(8, 3.8))
     for name, (steps, _) in runs.items():

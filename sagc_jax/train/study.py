@@ -23,9 +23,10 @@ import math
 
 import numpy as np
 
-from sagc_jax.sim.report import PRICE_TITLE
+from sagc_jax.config import parse_controller_spec
+from sagc_jax.sim.report import PRICE_TITLE, delta_line
 from sagc_jax.sim.steptime import REGIMES, StepTimer
-from sagc_jax.train.report import figure_writer
+from sagc_jax.train.report import candidate_labels, figure_writer
 
 # Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom (then the normal's).
 _T_975 = (
@@ -310,21 +311,46 @@ def format_paired(rows: list[dict], timed: str = "") -> str:
     return "\n".join(lines)
 
 
-def _band(ax, x, runs_y, label):
-    """Mean line and 95% CI band of equal-length series over seeds."""
+SHARE = (0.0, 1.0)  # the range of a share or probability: s_t, posterior means, accuracy
+
+
+def _band(ax, x, runs_y, label, bounds=(-math.inf, math.inf)):
+    """Mean line and 95% CI band of equal-length series over seeds: the tables' interval (mean
+    ± Student t half-width) clipped to ``bounds``, the values the quantity can take (a share in
+    [0, 1], G on its ladder). The mean of values in a range lies in it, so the clipped band
+    still holds the mean whenever the t interval does; only the impossible part is cut."""
     y = np.asarray(runs_y, float)
     mean = y.mean(axis=0)
     (line,) = ax.plot(x, mean, label=label)
     if len(y) > 1:
         half = t_quantile(len(y) - 1) * y.std(axis=0, ddof=1) / math.sqrt(len(y))
-        ax.fill_between(x, mean - half, mean + half, color=line.get_color(), alpha=0.2)
+        low, high = np.clip(mean - half, *bounds), np.clip(mean + half, *bounds)
+        ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2)
 
 
-def plot_study(per_run: dict, controllers: list[str], seeds: int, timer: StepTimer, out_dir):
-    """PNGs of the study (mean line and 95% CI band over seeds): held-out accuracy against
-    wall-clock and against modeled time (both rollout regimes), G and lambda over steps, the
-    posterior mean per candidate, the straggler rate and mean group max/median ratio over steps,
-    and for prompt-aware controllers their predicted against observed straggler rate per step."""
+def _g_bounds(controller: str, candidates: tuple[int, ...]) -> tuple[float, float]:
+    """The values G can take under ``controller``: its fixed size, or the ladder's range."""
+    kind, size = parse_controller_spec(controller)
+    return (size, size) if kind == "fixed" else (min(candidates), max(candidates))
+
+
+def plot_study(
+    per_run: dict,
+    controllers: list[str],
+    seeds: int,
+    timer: StepTimer,
+    out_dir,
+    *,
+    candidates: tuple[int, ...],
+    delta: float,
+):
+    """PNGs of the study (mean line and 95% CI band over seeds, clipped to the quantity's range:
+    ``_band``): held-out accuracy against wall-clock and against modeled time (both rollout
+    regimes), G and lambda over steps, the posterior mean per candidate, the straggler rate and
+    mean group max/median ratio over steps, and for prompt-aware controllers their predicted
+    against observed straggler rate per step. ``candidates`` and ``delta`` are the study's
+    ``controller.sagc`` ladder and straggler budget: the posterior's legend names each
+    candidate's G, and ``delta`` is drawn on the plots of straggling and posterior means."""
     plt, save, paths = figure_writer(out_dir)
 
     def common_steps(c):  # steps every seed logged (a run in progress may be shorter)
@@ -342,7 +368,7 @@ def plot_study(per_run: dict, controllers: list[str], seeds: int, timer: StepTim
                 times.append(eval_clock(steps, evals, clock_of(steps)))
                 accs.append([r["eval/accuracy"] for r in evals])
             n = min(len(a) for a in accs)  # evaluations every seed reached
-            _band(ax, np.mean([t[:n] for t in times], axis=0), [a[:n] for a in accs], c)
+            _band(ax, np.mean([t[:n] for t in times], axis=0), [a[:n] for a in accs], c, SHARE)
     axes[0].set(xlabel="wall-clock (s)", ylabel="held-out accuracy", title="Against wall-clock")
     for ax, regime in zip(axes[1:], REGIMES, strict=True):
         ax.set(xlabel=f"modeled seconds, {timer.label}", title=f"Against modeled time, {regime}")
@@ -354,8 +380,11 @@ def plot_study(per_run: dict, controllers: list[str], seeds: int, timer: StepTim
         n = common_steps(c)
         x = np.arange(1, n + 1)
         series = [per_run[(c, s)][0][:n] for s in range(seeds)]
-        _band(ax1, x, [[r["group_size"] for r in st] for st in series], c)
-        _band(ax2, x, [[r["controller/lambda"] for r in st] for st in series], c)
+        g_bounds = _g_bounds(c, candidates)
+        _band(ax1, x, [[r["group_size"] for r in st] for st in series], c, g_bounds)
+        # lambda >= 0: SAGC's multiplier is projected onto [0, lambda_max], SAGC+'s price is
+        # the slope between a cheaper and a riskier, more useful rung
+        _band(ax2, x, [[r["controller/lambda"] for r in st] for st in series], c, (0, math.inf))
     ax1.set(xlabel="step", ylabel="G", title="Group size")
     ax2.set(xlabel="step", ylabel="lambda", title=PRICE_TITLE)
     ax1.legend(fontsize=8)
@@ -368,15 +397,16 @@ def plot_study(per_run: dict, controllers: list[str], seeds: int, timer: StepTim
         if "controller/posterior_mean" not in series[0][0]:
             continue  # fixed G has no posterior
         post = np.array([[r["controller/posterior_mean"] for r in st] for st in series])
-        for i in range(post.shape[2]):
-            _band(ax, np.arange(1, n + 1), post[:, :, i], f"{c} rung {i}")
+        for i, label in enumerate(candidate_labels(candidates, post.shape[2])):
+            _band(ax, np.arange(1, n + 1), post[:, :, i], f"{c} {label}", SHARE)
     ax.set(
         xlabel="step",
         ylabel="alpha / (alpha + beta)",
         ylim=(0, 1),
-        title="Posterior mean straggler probability per candidate (ladder order)",
+        title="Posterior mean straggler probability per candidate",
     )
     if ax.get_legend_handles_labels()[0]:
+        delta_line(ax, delta)
         ax.legend(fontsize=7)
     save(fig, "posterior_mean.png")
 
@@ -385,8 +415,11 @@ def plot_study(per_run: dict, controllers: list[str], seeds: int, timer: StepTim
         n = common_steps(c)
         series = [per_run[(c, s)][0][:n] for s in range(seeds)]
         x = np.arange(1, n + 1)
-        _band(ax1, x, [[r["controller/s_t"] for r in st] for st in series], c)
-        _band(ax2, x, [[np.mean(r["group_ratios"]) for r in st] for st in series], c)
+        _band(ax1, x, [[r["controller/s_t"] for r in st] for st in series], c, SHARE)
+        # a group's max / max(1, median) is >= 1: a completion has at least one token
+        ratios = [[np.mean(r["group_ratios"]) for r in st] for st in series]
+        _band(ax2, x, ratios, c, (1, math.inf))
+    delta_line(ax1, delta)
     ax1.set(xlabel="step", ylabel="share of groups", title="Straggling groups per step")
     ax2.set(xlabel="step", ylabel="max / median", title="Mean group max/median length ratio")
     ax1.legend(fontsize=8)
@@ -404,8 +437,11 @@ def plot_study(per_run: dict, controllers: list[str], seeds: int, timer: StepTim
                 x,
                 [_floats(r["controller/predicted_s_t"] for r in st) for st in series],
                 "predicted (before sampling)",
+                SHARE,
             )
-            _band(ax, x, [[r["controller/s_t"] for r in st] for st in series], "observed")
+            observed = [[r["controller/s_t"] for r in st] for st in series]
+            _band(ax, x, observed, "observed", SHARE)
+            delta_line(ax, delta)
             ax.set(xlabel="step", ylabel="share of groups", title=f"{c}: straggling groups")
             ax.legend(fontsize=8)
         save(fig, "calibration.png")
