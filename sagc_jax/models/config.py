@@ -41,7 +41,8 @@ class DecoderConfig:
     `param_dtype` is the storage dtype of the weights, `compute_dtype` the dtype of matmul inputs
     and activations; softmax, log-probs and logits are always float32.
     `lora_rank` > 0 adds LoRA adapters of that rank to the `lora_targets` projections, scaled by
-    `lora_alpha / lora_rank` (see `models.lora`); 0 builds the plain model.
+    `lora_alpha / lora_rank`, their input dropped at rate `lora_dropout` in a forward given a
+    dropout key (see `models.lora`); 0 builds the plain model.
     """
 
     family: str = "llama"  # "llama" or "qwen2": only decides the HF architecture name
@@ -67,6 +68,7 @@ class DecoderConfig:
     lora_rank: int = 0
     lora_alpha: float = 16.0
     lora_targets: tuple[str, ...] = LORA_TARGETS
+    lora_dropout: float = 0.0
 
     def __post_init__(self):
         if self.family not in _FAMILIES:

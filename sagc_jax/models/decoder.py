@@ -2,7 +2,8 @@
 
 Two entry points:
   * `model(tokens_bt, positions_bt=None, mask_bt=None, segment_ids_bt=None) -> logits_btv`: full
-    forward, no cache; with `segment_ids_bt` a row holds several sequences (packed);
+    forward, no cache; with `segment_ids_bt` a row holds several sequences (packed); with
+    `dropout_key`, LoRA dropout on the adapters' inputs (the update's forward);
   * `model.apply_cached(tokens_bt, cache) -> (logits_btv, cache)`: prefill (T = prompt length) or
     decode (T = 1) over a KV cache of S slots, rows left-padded.
 
@@ -59,13 +60,26 @@ class Block(nnx.Module):
         self.mlp = MLP(cfg, rngs=rngs)
 
     def __call__(
-        self, x_btd, positions_bt, mask_bts, kv_cache=None, cache_index=None, segment_ids_bt=None
+        self,
+        x_btd,
+        positions_bt,
+        mask_bts,
+        kv_cache=None,
+        cache_index=None,
+        segment_ids_bt=None,
+        dropout_key=None,
     ):
         y_btd, kv_cache = self.attn(
-            self.attn_norm(x_btd), positions_bt, mask_bts, kv_cache, cache_index, segment_ids_bt
+            self.attn_norm(x_btd),
+            positions_bt,
+            mask_bts,
+            kv_cache,
+            cache_index,
+            segment_ids_bt,
+            dropout_key,
         )
         x_btd = ax.constrain(x_btd + y_btd, (ax.BATCH, ax.LENGTH, ax.ACT_EMBED))
-        x_btd = x_btd + self.mlp(self.mlp_norm(x_btd))
+        x_btd = x_btd + self.mlp(self.mlp_norm(x_btd), dropout_key)
         return ax.constrain(x_btd, (ax.BATCH, ax.LENGTH, ax.ACT_EMBED)), kv_cache
 
 
@@ -77,8 +91,11 @@ _REMAT_POLICY = {
 }
 
 
-def _block_forward(block: Block, x_btd, positions_bt, segment_ids_bt):
-    return block(x_btd, positions_bt, None, segment_ids_bt=segment_ids_bt)[0]
+def _block_forward(block: Block, x_btd, positions_bt, segment_ids_bt, dropout_key):
+    x_btd, _ = block(
+        x_btd, positions_bt, None, segment_ids_bt=segment_ids_bt, dropout_key=dropout_key
+    )
+    return x_btd
 
 
 class Decoder(nnx.Module):
@@ -127,7 +144,9 @@ class Decoder(nnx.Module):
         return ax.constrain(logits_btv.astype(jnp.float32), (ax.BATCH, ax.LENGTH, ax.ACT_VOCAB))
 
     # ----------------------------------------------------------------- no cache
-    def hidden(self, tokens_bt, positions_bt=None, mask_bt=None, segment_ids_bt=None) -> jax.Array:
+    def hidden(
+        self, tokens_bt, positions_bt=None, mask_bt=None, segment_ids_bt=None, dropout_key=None
+    ) -> jax.Array:
         """Hidden states [B, T, D] before the final norm, causal attention, no cache.
 
         mask_bt: 1 for real tokens, 0 for padding (padding keys are never attended to); when given
@@ -135,6 +154,7 @@ class Decoder(nnx.Module):
         segment_ids_bt: int [B, T] instead of mask_bt, for packed rows: attention is causal
         within equal ids (1..n, 0 = padding), and ``positions_bt`` (restarting at 0 in each
         segment) must be given too.
+        dropout_key: LoRA dropout on the adapters' inputs, folded with each layer's index.
         """
         b, t = tokens_bt.shape
         if segment_ids_bt is not None:
@@ -153,13 +173,18 @@ class Decoder(nnx.Module):
         forward = _block_forward
         if self.config.remat != "none":
             forward = nnx.remat(_block_forward, policy=_REMAT_POLICY[self.config.remat])
-        for block in self.layers:
-            x_btd = forward(block, x_btd, positions_bt, segment_ids_bt)
+        for i, block in enumerate(self.layers):
+            key = None if dropout_key is None else jax.random.fold_in(dropout_key, i)
+            x_btd = forward(block, x_btd, positions_bt, segment_ids_bt, key)
         return x_btd
 
-    def __call__(self, tokens_bt, positions_bt=None, mask_bt=None, segment_ids_bt=None):
+    def __call__(
+        self, tokens_bt, positions_bt=None, mask_bt=None, segment_ids_bt=None, dropout_key=None
+    ):
         """int32 tokens [B, T] -> float32 logits [B, T, V]."""
-        return self.logits(self.hidden(tokens_bt, positions_bt, mask_bt, segment_ids_bt))
+        return self.logits(
+            self.hidden(tokens_bt, positions_bt, mask_bt, segment_ids_bt, dropout_key)
+        )
 
     # ----------------------------------------------------------------- KV cache
     def apply_cached(

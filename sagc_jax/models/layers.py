@@ -253,20 +253,23 @@ class Attention(nnx.Module):
         kv_cache: tuple[jax.Array, jax.Array] | None = None,
         cache_index: jax.Array | None = None,
         segment_ids_bt: jax.Array | None = None,
+        dropout_key: jax.Array | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """x [B, T, D] -> ([B, T, D], updated (k [B, K, H, S], v [B, K, S, H]) or None).
 
         Without a cache, S = T and attention is causal within equal `segment_ids_bt` [B, T]
         (see `attend`). With a cache, the new keys and values are written at slots
         [cache_index, cache_index + T) and `mask_bts` covers all S cache slots.
+        `dropout_key`: LoRA dropout on the adapters' inputs (`lora.adapted`).
         """
         cd = self.compute_dtype
         q_btnh = jnp.einsum("BTD,DNH->BTNH", x_btd, self.q_dnh[...].astype(cd))
         k_btkh = jnp.einsum("BTD,DKH->BTKH", x_btd, self.k_dkh[...].astype(cd))
         v_btkh = jnp.einsum("BTD,DKH->BTKH", x_btd, self.v_dkh[...].astype(cd))
-        q_btnh = lora.adapted(self, "q_proj", q_btnh, x_btd, "BTD,DR->BTR;BTR,RNH->BTNH")
-        k_btkh = lora.adapted(self, "k_proj", k_btkh, x_btd, "BTD,DR->BTR;BTR,RKH->BTKH")
-        v_btkh = lora.adapted(self, "v_proj", v_btkh, x_btd, "BTD,DR->BTR;BTR,RKH->BTKH")
+        drop = dropout_key
+        q_btnh = lora.adapted(self, "q_proj", q_btnh, x_btd, "BTD,DR->BTR;BTR,RNH->BTNH", drop)
+        k_btkh = lora.adapted(self, "k_proj", k_btkh, x_btd, "BTD,DR->BTR;BTR,RKH->BTKH", drop)
+        v_btkh = lora.adapted(self, "v_proj", v_btkh, x_btd, "BTD,DR->BTR;BTR,RKH->BTKH", drop)
         if self.qkv_bias:
             q_btnh = q_btnh + self.q_bias_nh[...].astype(cd)
             k_btkh = k_btkh + self.k_bias_kh[...].astype(cd)
@@ -301,7 +304,7 @@ class Attention(nnx.Module):
             implementation=self.implementation,
         )
         y_btd = jnp.einsum("BTNH,NHD->BTD", out_btnh, self.o_nhd[...].astype(cd))
-        y_btd = lora.adapted(self, "o_proj", y_btd, out_btnh, "BTNH,NHR->BTR;BTR,RD->BTD")
+        y_btd = lora.adapted(self, "o_proj", y_btd, out_btnh, "BTNH,NHR->BTR;BTR,RD->BTD", drop)
         return y_btd, new_cache
 
 
@@ -318,12 +321,13 @@ class MLP(nnx.Module):
         self.down_fd = ax.param(key, "normal", (f, d), out_axes, dt, fan_in=f, index=2)
         lora.add_adapters(self, cfg, key, "mlp")
 
-    def __call__(self, x_btd: jax.Array) -> jax.Array:
-        cd = self.compute_dtype
+    def __call__(self, x_btd: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
+        """x [B, T, D] -> [B, T, D]; `dropout_key`: LoRA dropout (`lora.adapted`)."""
+        cd, drop = self.compute_dtype, dropout_key
         gate_btf = jnp.einsum("BTD,DF->BTF", x_btd, self.gate_df[...].astype(cd))
         up_btf = jnp.einsum("BTD,DF->BTF", x_btd, self.up_df[...].astype(cd))
-        gate_btf = lora.adapted(self, "gate_proj", gate_btf, x_btd, "BTD,DR->BTR;BTR,RF->BTF")
-        up_btf = lora.adapted(self, "up_proj", up_btf, x_btd, "BTD,DR->BTR;BTR,RF->BTF")
+        gate_btf = lora.adapted(self, "gate_proj", gate_btf, x_btd, "BTD,DR->BTR;BTR,RF->BTF", drop)
+        up_btf = lora.adapted(self, "up_proj", up_btf, x_btd, "BTD,DR->BTR;BTR,RF->BTF", drop)
         h_btf = ax.constrain(jax.nn.silu(gate_btf) * up_btf, (ax.BATCH, ax.LENGTH, ax.ACT_MLP))
         y_btd = jnp.einsum("BTF,FD->BTD", h_btf, self.down_fd[...].astype(cd))
-        return lora.adapted(self, "down_proj", y_btd, h_btf, "BTF,FR->BTR;BTR,RD->BTD")
+        return lora.adapted(self, "down_proj", y_btd, h_btf, "BTF,FR->BTR;BTR,RD->BTD", drop)

@@ -9,6 +9,8 @@ A @ B contracted over R (:func:`delta`, in W's own layout). A is drawn normal wi
 zeros: a fresh adapter leaves the model exactly as it was. Adapters are float32 whatever the
 weights' dtype (as PEFT keeps them), and carry the logical axes of the dimensions they share
 with W (None for R), so one sharding plan splits weights and adapters by the same rules.
+With a dropout rate and a key (the update's forward only), each adapter's input x is dropped
+(scaled by 1 / (1 - rate)) before A, as PEFT does.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ def add_adapters(module: nnx.Module, cfg: DecoderConfig, key: jax.Array, kind: s
     if not r:
         return
     module.lora_scale = scale(cfg)
+    module.lora_dropout = cfg.lora_dropout
     for i, (name, t) in enumerate(TARGETS.items()):
         if t.module != kind or name not in cfg.lora_targets:
             continue
@@ -85,15 +88,27 @@ def add_adapters(module: nnx.Module, cfg: DecoderConfig, key: jax.Array, kind: s
         setattr(module, t.b, b)
 
 
-def adapted(module: nnx.Module, target: str, y: jax.Array, x: jax.Array, specs: str) -> jax.Array:
+def adapted(
+    module: nnx.Module,
+    target: str,
+    y: jax.Array,
+    x: jax.Array,
+    specs: str,
+    dropout_key: jax.Array | None = None,
+) -> jax.Array:
     """``y`` (the output x @ W) plus the adapter's (alpha / R) * (x @ A) @ B when ``module``
     adapts ``target``, else ``y`` unchanged. ``specs``: the two einsums, e.g.
-    "BTD,DR->BTR;BTR,RNH->BTNH". In ``y``'s dtype (the compute dtype)."""
+    "BTD,DR->BTR;BTR,RNH->BTNH". In ``y``'s dtype (the compute dtype). With ``dropout_key``,
+    x is dropped at the module's ``lora_dropout`` rate first (the key folded with the target)."""
     t = TARGETS[target]
     if not hasattr(module, t.a):
         return y
     a_spec, b_spec = specs.split(";")
     cd = y.dtype
+    if dropout_key is not None and module.lora_dropout > 0:
+        keep = 1.0 - module.lora_dropout
+        key = jax.random.fold_in(dropout_key, list(TARGETS).index(target))
+        x = jnp.where(jax.random.bernoulli(key, keep, x.shape), x / keep, 0).astype(x.dtype)
     x_a = jnp.einsum(a_spec, x, getattr(module, t.a)[...].astype(cd))
     return y + module.lora_scale * jnp.einsum(b_spec, x_a, getattr(module, t.b)[...].astype(cd))
 

@@ -211,6 +211,7 @@ def update_settings(cfg: Config) -> UpdateSettings:
         epochs=t.epochs,
         minibatches=t.minibatches,
         microbatches=t.microbatches,
+        lora_dropout=cfg.model.lora_dropout if cfg.model.lora_rank else 0.0,
     )
 
 

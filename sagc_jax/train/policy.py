@@ -85,7 +85,10 @@ def build_sharded_adapters(cfg: Config, base_arch: DecoderConfig, seed: int, pla
     are never computed: only the adapters are its outputs)."""
     m = cfg.model
     arch = base_arch.replace(
-        lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, lora_targets=m.lora_targets
+        lora_rank=m.lora_rank,
+        lora_alpha=m.lora_alpha,
+        lora_targets=m.lora_targets,
+        lora_dropout=m.lora_dropout,
     )
 
     def adapted():

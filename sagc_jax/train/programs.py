@@ -28,28 +28,36 @@ from sagc_jax.rl import loss_normalizer, policy_loss, weighted_policy_loss
 from sagc_jax.train.packing import PACKED_KEYS
 
 
-def completion_logprobs(model, prompt_ids_bt, prompt_lens_b, completion_bt, temperature):
+def completion_logprobs(
+    model, prompt_ids_bt, prompt_lens_b, completion_bt, temperature, dropout_key=None
+):
     """float32 [B, L]: log p(completion token j | prompt, earlier completion tokens).
 
     prompt_ids_bt: int32 [B, P] left-padded prompts (row b's prompt in its last prompt_lens_b[b]
     columns); completion_bt: int32 [B, L]. Log-probs are taken at ``temperature``, as the sampler
-    reports them, so a freshly sampled batch has ratio 1 up to float error.
+    reports them, so a freshly sampled batch has ratio 1 up to float error (without LoRA
+    dropout: ``dropout_key``).
     """
     p = prompt_ids_bt.shape[1]
     tokens_bt = jnp.concatenate([prompt_ids_bt, completion_bt], axis=1)
     real_prompt_bt = jnp.arange(p)[None, :] >= (p - prompt_lens_b)[:, None]
     real_bt = jnp.concatenate([real_prompt_bt, jnp.ones_like(completion_bt, jnp.bool_)], axis=1)
-    logits_btv = model(tokens_bt, mask_bt=real_bt)[:, p - 1 : -1]
+    logits_btv = model(tokens_bt, mask_bt=real_bt, dropout_key=dropout_key)[:, p - 1 : -1]
     logp_btv = jax.nn.log_softmax(logits_btv / temperature, axis=-1)
     return jnp.take_along_axis(logp_btv, completion_bt[..., None], axis=-1)[..., 0]
 
 
-def packed_logprobs(model, tokens_bt, positions_bt, segment_ids_bt, temperature):
+def packed_logprobs(model, tokens_bt, positions_bt, segment_ids_bt, temperature, dropout_key=None):
     """float32 [B, T]: at position s, log p(tokens[s + 1] | its segment up to s), at
     ``temperature`` (as :func:`completion_logprobs`). Packed rows (``train.packing``): only the
     positions whose next token is a scored completion token of the same segment mean anything.
     """
-    logits_btv = model(tokens_bt, positions_bt=positions_bt, segment_ids_bt=segment_ids_bt)
+    logits_btv = model(
+        tokens_bt,
+        positions_bt=positions_bt,
+        segment_ids_bt=segment_ids_bt,
+        dropout_key=dropout_key,
+    )
     logp_btv = jax.nn.log_softmax(logits_btv / temperature, axis=-1)
     next_bt = jnp.roll(tokens_bt, -1, axis=1)  # the last column's target is never scored
     return jnp.take_along_axis(logp_btv, next_bt[..., None], axis=-1)[..., 0]
@@ -68,11 +76,13 @@ def reference_model(graphdef, params, ref_params, base=None):
     return nnx.merge(graphdef, jax.tree.map(jnp.zeros_like, params), base)
 
 
-def packed_rows_loss(graphdef, params, ref_params, rows: dict, normalizer, settings, base=None):
-    """(loss, metrics) of the policy ``params`` (over ``base`` with LoRA) on a chunk of packed
-    rows (``PACKED_KEYS``)."""
+def packed_rows_loss(
+    graphdef, params, ref_params, rows: dict, normalizer, settings, base=None, dropout_key=None
+):
+    """(loss, metrics) of the policy ``params`` (over ``base`` with LoRA, its adapters' inputs
+    dropped with ``dropout_key``) on a chunk of packed rows (``PACKED_KEYS``)."""
     args = (rows["tokens"], rows["positions"], rows["segment_ids"], settings.temperature)
-    logp = packed_logprobs(policy_model(graphdef, params, base), *args)
+    logp = packed_logprobs(policy_model(graphdef, params, base), *args, dropout_key)
     ref_logp = None
     if settings.kl_beta > 0:
         ref = reference_model(graphdef, params, ref_params, base)
@@ -92,16 +102,24 @@ def packed_rows_loss(graphdef, params, ref_params, rows: dict, normalizer, setti
 
 
 def rows_loss(
-    graphdef, params, ref_params, rows: dict, normalizer, settings: UpdateSettings, base=None
+    graphdef,
+    params,
+    ref_params,
+    rows: dict,
+    normalizer,
+    settings: UpdateSettings,
+    base=None,
+    dropout_key=None,
 ):
-    """(loss, metrics) of the policy ``params`` (over ``base`` with LoRA) on a chunk of rollout
-    rows (``BATCH_KEYS``)."""
+    """(loss, metrics) of the policy ``params`` (over ``base`` with LoRA, its adapters' inputs
+    dropped with ``dropout_key``) on a chunk of rollout rows (``BATCH_KEYS``)."""
     logp = completion_logprobs(
         policy_model(graphdef, params, base),
         rows["prompt_ids"],
         rows["prompt_lens"],
         rows["completion"],
         settings.temperature,
+        dropout_key,
     )
     ref_logp = None
     if settings.kl_beta > 0:
@@ -146,6 +164,7 @@ class UpdateSettings:
     epochs: int = 1
     minibatches: int = 1
     microbatches: int = 1
+    lora_dropout: float = 0.0  # > 0: each chunk's policy forward drops the adapters' inputs
 
 
 # The update's batch: every entry has one row per rollout (split over the mesh's batch axes).
@@ -292,9 +311,11 @@ class PolicyPrograms:
             )
         normalizer = normalizer / mb
 
-        def loss_fn(p, rows):
+        def loss_fn(p, rows, dropout_key):
+            if settings.lora_dropout == 0:
+                dropout_key = None
             loss, metrics = chunk_loss(
-                self.graphdef, p, ref_params, rows, normalizer, settings, base
+                self.graphdef, p, ref_params, rows, normalizer, settings, base, dropout_key
             )
             # per-token means -> sums, so the update's metrics are means over all its tokens
             tokens = jnp.sum(rows["mask"])
@@ -303,8 +324,8 @@ class PolicyPrograms:
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
         per_row = {k: batch[k] for k in keys}
 
-        def one_update(carry, idx_r):
-            params, opt_state = carry
+        def one_update(carry, xs):
+            (params, opt_state), (idx_r, update_key) = carry, xs
             rows = jax.tree.map(lambda x: split_rows(x[idx_r]), per_row)
             # Chunk c holds rows c, c + micro, ...: each chunk keeps the rows' split over the
             # mesh's batch axes (a leading-axis reshape would put chunks on different devices).
@@ -312,13 +333,16 @@ class PolicyPrograms:
                 lambda x: jnp.swapaxes(x.reshape(micro_rows, micro, *x.shape[1:]), 0, 1), rows
             )
 
+            chunk_keys = jax.random.split(update_key, micro)  # LoRA dropout's, one per chunk
+
             def accumulate(acc, chunk):
-                (loss, metrics), grads = grad_fn(params, chunk)
+                (loss, metrics), grads = grad_fn(params, *chunk)
                 return jax.tree.map(jnp.add, acc, (loss, metrics, grads)), None
 
-            (loss, metrics), grads = grad_fn(params, jax.tree.map(lambda x: x[0], micro_rows_))
+            first = jax.tree.map(lambda x: x[0], micro_rows_)
+            (loss, metrics), grads = grad_fn(params, first, chunk_keys[0])
             if micro > 1:
-                rest = jax.tree.map(lambda x: x[1:], micro_rows_)
+                rest = jax.tree.map(lambda x: x[1:], micro_rows_), chunk_keys[1:]
                 (loss, metrics, grads), _ = jax.lax.scan(accumulate, (loss, metrics, grads), rest)
             sums, tokens = metrics
             metrics = {k: v / jnp.maximum(tokens, 1.0) for k, v in sums.items()}
@@ -343,7 +367,10 @@ class PolicyPrograms:
                 for epoch in range(settings.epochs)
             ]
         ).reshape(settings.epochs * mb, mb_rows)
-        (params, opt_state), per_update = jax.lax.scan(one_update, (params, opt_state), order)
+        # fold_in(key, epochs): apart from the permutations' fold_in(key, epoch < epochs)
+        update_keys = jax.random.split(jax.random.fold_in(key, settings.epochs), len(order))
+        xs = (order, update_keys)
+        (params, opt_state), per_update = jax.lax.scan(one_update, (params, opt_state), xs)
         metrics = jax.tree.map(jnp.mean, per_update)
         metrics["skipped"] = jnp.sum(per_update["skipped"])
         return params, opt_state, metrics
