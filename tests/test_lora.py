@@ -114,9 +114,13 @@ def _update_batch(rows=8, prompt=6, new=12, seed=0):
 
 
 def test_only_the_adapters_train_and_the_reference_is_the_base(tmp_path):
-    cfg = load_config(None, [*TINY, *LORA, "train.steps=2", "loss.kl_beta=0.05"])
+    overrides = [*TINY, *LORA, "train.steps=2", "loss.kl_beta=0.05", "model.param_dtype=bfloat16"]
+    cfg = load_config(None, overrides)
     trainer = Trainer(cfg, tmp_path / "run")
     base, fresh = _leaves(trainer.base), _leaves(trainer.params)
+    assert {str(x.dtype) for x in base} == {"bfloat16"} and {str(x.dtype) for x in fresh} == {
+        "float32"
+    }
     adapter_shapes = [x.shape for x in jax.tree.leaves(trainer.params)]
     # the optimizer's moments mirror the adapters only: no moment, no master copy of a weight
     moments = [x.shape for x in jax.tree.leaves(trainer.opt_state) if np.ndim(x) > 0]
