@@ -118,9 +118,8 @@ def test_only_the_adapters_train_and_the_reference_is_the_base(tmp_path):
     cfg = load_config(None, overrides)
     trainer = Trainer(cfg, tmp_path / "run")
     base, fresh = _leaves(trainer.base), _leaves(trainer.params)
-    assert {str(x.dtype) for x in base} == {"bfloat16"} and {str(x.dtype) for x in fresh} == {
-        "float32"
-    }
+    assert {str(x.dtype) for x in base} == {"bfloat16"}  # the base as configured
+    assert {str(x.dtype) for x in fresh} == {"float32"}  # the adapters always
     adapter_shapes = [x.shape for x in jax.tree.leaves(trainer.params)]
     # the optimizer's moments mirror the adapters only: no moment, no master copy of a weight
     moments = [x.shape for x in jax.tree.leaves(trainer.opt_state) if np.ndim(x) > 0]
