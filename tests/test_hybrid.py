@@ -4,7 +4,7 @@ and training with it: prompt ids, both modes, mixed group sizes, exact resume.""
 import dataclasses
 import json
 
-import jax
+import chex
 import numpy as np
 import pytest
 
@@ -331,11 +331,9 @@ def test_state_dict_restores_exact_decisions(mode, mid_step):
             ctrl.observe(tail_groups(np.random.default_rng(2), q_pool[:16], sizes))
     a = drive(original, q_pool, 40, np.random.default_rng(1), lengths_pool=lengths_pool)
     b = drive(restored, q_pool, 40, np.random.default_rng(1), lengths_pool=lengths_pool)
-    for x, y in zip(a, b, strict=True):
-        np.testing.assert_array_equal(x, y)
+    chex.assert_trees_all_equal(b, a)
     assert original.lam == restored.lam and original.predictor.stats.evictions > 0
-    for key, value in original.state_dict().items():
-        np.testing.assert_array_equal(restored.state_dict()[key], value, err_msg=key)
+    chex.assert_trees_all_equal(restored.state_dict(), original.state_dict())
     with pytest.raises(ValueError, match="mode"):
         other = "step" if mode == "per_prompt" else "per_prompt"
         HybridController(cfg, HybridConfig(mode=other, capacity=32)).load_state_dict(state)
@@ -547,12 +545,8 @@ def test_hybrid_resume_continues_exactly(tmp_path):
     assert second.step == 2 and len(second.controller.predictor.stats) == 4
     second.run(progress=False)
     second.close()
-    for a, b in zip(jax.tree.leaves(straight.params), jax.tree.leaves(second.params), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    sa, sb = straight.controller.state_dict(), second.controller.state_dict()
-    assert sa.keys() == sb.keys()
-    for key in sa:
-        np.testing.assert_array_equal(sa[key], sb[key], err_msg=key)
+    chex.assert_trees_all_equal(second.params, straight.params)
+    chex.assert_trees_all_equal(second.controller.state_dict(), straight.controller.state_dict())
 
 
 @pytest.mark.parametrize(

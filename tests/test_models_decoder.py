@@ -1,5 +1,6 @@
 """Decoder: presets (real sizes through jax.eval_shape), dtypes, masks, KV cache, remat, axes."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,7 +49,7 @@ def test_real_size_presets_match_published_parameter_counts(name):
     abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
     state = nnx.state(abstract, nnx.Param)
     assert num_params(state) == PUBLISHED[name]
-    assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(state))
+    chex.assert_type(jax.tree.leaves(state), jnp.bfloat16)
     # The same count seen as HF tensors (what a checkpoint of this preset must contain).
     assert sum(int(np.prod(s)) for s in hf_shapes(cfg).values()) == PUBLISHED[name]
 
@@ -82,7 +83,7 @@ def test_bfloat16_params_and_compute_keep_float32_logits(tiny):
     cfg, model = tiny
     cfg16 = cfg.replace(param_dtype="bfloat16", compute_dtype="bfloat16")
     model16 = Decoder(cfg16, rngs=nnx.Rngs(0))
-    assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(nnx.state(model16, nnx.Param)))
+    chex.assert_type(jax.tree.leaves(nnx.state(model16, nnx.Param)), jnp.bfloat16)
     tokens_bt = jnp.arange(12, dtype=jnp.int32).reshape(2, 6)
     logits16_btv, logits32_btv = _forward(model16, tokens_bt), _forward(model, tokens_bt)
     assert logits16_btv.dtype == jnp.float32
@@ -146,8 +147,7 @@ def test_remat_gives_same_logits_and_gradients(tiny, policy):
 
     g_plain = nnx.jit(nnx.grad(loss))(model)
     g_remat = nnx.jit(nnx.grad(loss))(remat_model)
-    for a, b in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g_remat), strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-6)
+    chex.assert_trees_all_close(g_plain, g_remat, rtol=1e-7, atol=1e-6)
 
 
 def test_every_parameter_has_one_logical_axis_name_per_dimension(tiny):

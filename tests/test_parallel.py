@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import chex
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -126,12 +127,17 @@ def sharded():
 
 def test_sharded_update_matches_one_device(sharded):
     base = sharded["single"]
-    for name in ("fsdp2", "fsdp8", "tensor4", "mixed"):
+    names = ("fsdp2", "fsdp8", "tensor4", "mixed")
+    for name in names:
         run = sharded[name]
         np.testing.assert_allclose(run["loss"], base["loss"], rtol=1e-5, err_msg=name)
         np.testing.assert_allclose(run["grad_norm"], base["grad_norm"], rtol=1e-4, err_msg=name)
-        for got, want in zip(run["params"], base["params"], strict=True):
-            np.testing.assert_allclose(got, want, atol=1e-5, err_msg=name)
+    chex.assert_trees_all_close(
+        {name: sharded[name]["params"] for name in names},
+        {name: base["params"] for name in names},
+        rtol=1e-7,
+        atol=1e-5,
+    )
 
 
 def test_sharded_generation_matches_one_device(sharded):
@@ -250,8 +256,7 @@ def test_two_processes_train_like_one(tmp_path, extra):
     _train(two, steps=4, processes=2, extra=extra)
     sizes = _group_sizes(one)
     assert _group_sizes(two) == sizes and len(set(sizes)) == 2, sizes
-    for got, want in zip(_params(two, 4), _params(one, 4), strict=True):
-        np.testing.assert_allclose(got, want, atol=1e-6)
+    chex.assert_trees_all_close(_params(two, 4), _params(one, 4), rtol=1e-7, atol=1e-6)
 
 
 def test_a_run_resumes_on_a_different_mesh(tmp_path):
@@ -261,8 +266,7 @@ def test_a_run_resumes_on_a_different_mesh(tmp_path):
     assert "fsdp=4, tensor=1 over 4 cpu devices" in out and "from step 2" in out
     _train(straight, steps=3, devices=1)
     assert _group_sizes(moved) == _group_sizes(straight)
-    for got, want in zip(_params(moved, 3), _params(straight, 3), strict=True):
-        np.testing.assert_allclose(got, want, atol=1e-5)
+    chex.assert_trees_all_close(_params(moved, 3), _params(straight, 3), rtol=1e-7, atol=1e-5)
 
 
 def test_a_signal_to_one_process_stops_all_at_the_same_step(tmp_path):

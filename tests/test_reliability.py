@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -61,10 +62,7 @@ def test_sigkill_at_any_point_resumes_to_the_uninterrupted_result(tmp_path):
     assert s.latest_step() == 6
     items, meta = s.restore(6, {"params": straight.params})
     s.close()
-    for a, b in zip(
-        jax.tree.leaves(straight.params), jax.tree.leaves(items["params"]), strict=True
-    ):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    chex.assert_trees_all_equal(items["params"], straight.params)
     mine = straight.controller.state_dict()
     for key, value in mine.items():
         np.testing.assert_array_equal(np.asarray(meta["controller"][key]), np.asarray(value))
@@ -120,8 +118,7 @@ def test_nonfinite_updates_are_skipped_then_abort(tmp_path, monkeypatch, capsys)
     with pytest.raises(TrainingDiverged, match="not finite in 2 steps in a row"):
         trainer.run(progress=False)
     trainer.close()
-    for a, b in zip(before, jax.tree.leaves(trainer.params), strict=True):
-        np.testing.assert_array_equal(a, np.asarray(b))  # skipped: parameters untouched
+    chex.assert_trees_all_equal(jax.tree.leaves(trainer.params), before)  # skipped: untouched
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [x["update/skipped"] for x in lines if "group_size" in x] == [1.0, 1.0]
     assert all("non-finite" in x["warning"] for x in lines if "group_size" in x)

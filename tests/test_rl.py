@@ -64,6 +64,7 @@ def test_group_advantages_need_no_layout():
 MASK = np.array([[1, 1, 1, 0], [1, 1, 0, 0]], np.float32)
 ADV = np.array([1.0, -2.0], np.float32)
 ZEROS = np.zeros((2, 4), np.float32)
+KW = dict(aggregation="token_mean", eps_low=0.2, eps_high=0.28)
 
 
 @pytest.mark.parametrize(
@@ -202,3 +203,24 @@ def test_informative_groups_and_completion_mask():
     )
     mask = completion_mask([2, 4, 0], width=4, truncated_b=[False, True, False])
     np.testing.assert_array_equal(mask, [[1, 1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]])
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        # a [B, T] advantage would broadcast to [B, B, T] terms: a loss, and no error
+        (lambda: policy_loss(ZEROS, ZEROS, ZEROS, MASK, 1.0, **KW), "assert_shape"),
+        (lambda: policy_loss(ZEROS.astype(jnp.bfloat16), ZEROS, ADV, MASK, 1.0, **KW), "bfloat16"),
+        (lambda: policy_loss(ZEROS, ZEROS[:, :3], ADV, MASK, 1.0, **KW), "different shapes"),
+        # rewards [1, B] would give [B, B] advantages
+        (lambda: group_advantages(REWARDS[None], GROUPS, 3), "rank 2"),
+        (lambda: group_advantages(REWARDS, GROUPS.astype(np.float32), 3), "float32"),
+    ],
+    ids=["advantage per token", "bfloat16 log-probs", "ragged", "rewards row", "float groups"],
+)
+def test_wrong_shapes_and_dtypes_are_refused_at_the_boundary(call, message):
+    """Checked when traced (under jit: once per program, not per call)."""
+    with pytest.raises(AssertionError, match=message):
+        call()
+    with pytest.raises(AssertionError, match=message):
+        jax.jit(call)()

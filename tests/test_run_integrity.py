@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -87,12 +88,10 @@ def test_damaged_checkpoint_falls_back_to_the_previous_good_one(tmp_path, straig
     for step in damage:
         assert f"checkpoint step {step}:" in out and "moved aside" in out
         assert (run / "checkpoints-rejected" / str(step) / "REJECTED.txt").is_file()  # kept
-    for a, b in zip(expected, jax.tree.leaves(trainer.params), strict=True):
-        np.testing.assert_array_equal(a, np.asarray(b))
+    chex.assert_trees_all_equal(jax.tree.leaves(trainer.params), expected)
     if fault == "flipped bytes":  # and on to the uninterrupted run's result
         trainer.run(progress=False)
-        for a, b in zip(straight_params, jax.tree.leaves(trainer.params), strict=True):
-            np.testing.assert_array_equal(a, np.asarray(b))
+        chex.assert_trees_all_equal(jax.tree.leaves(trainer.params), straight_params)
     trainer.close()
 
 

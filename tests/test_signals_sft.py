@@ -13,8 +13,7 @@ import signal
 import subprocess
 import sys
 
-import jax
-import numpy as np
+import chex
 import pytest
 from flax import nnx
 from helpers import TINY as TRAIN_TINY
@@ -130,10 +129,7 @@ def test_sft_stopped_saves_and_resumes_to_the_uninterrupted_result(
 
     assert main(args) == 0
     assert "resuming" in capsys.readouterr().out
-    for a, b in zip(
-        jax.tree.leaves(sft_params(straight_sft)), jax.tree.leaves(sft_params(run)), strict=True
-    ):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    chex.assert_trees_all_equal(sft_params(run), sft_params(straight_sft))
     assert (run / "summary.json").is_file()
 
 

@@ -3,7 +3,7 @@
 import json
 import re
 
-import jax
+import chex
 import numpy as np
 import pytest
 from helpers import TINY, capture_figures, delta_lines, legend_labels, write_word_tokenizer
@@ -62,10 +62,6 @@ def test_compile_ahead_compiles_every_candidate_once(tmp_path, capsys):
     assert trainer.programs.compiled_programs()["update"] == 2
 
 
-def params_of(trainer):
-    return [np.asarray(x) for x in jax.tree.leaves(trainer.params)]
-
-
 @pytest.mark.parametrize("kind", ["sagc", "sagc_plus"])
 def test_resume_continues_exactly(tmp_path, kind):
     overrides = [
@@ -90,12 +86,8 @@ def test_resume_continues_exactly(tmp_path, kind):
     second.run(progress=False)
     second.close()
 
-    for a, b in zip(params_of(straight), params_of(second), strict=True):
-        np.testing.assert_array_equal(a, b)
-    sa, sb = straight.controller.state_dict(), second.controller.state_dict()
-    assert sa.keys() == sb.keys()
-    for key in sa:
-        np.testing.assert_array_equal(sa[key], sb[key], err_msg=key)
+    chex.assert_trees_all_equal(second.params, straight.params)
+    chex.assert_trees_all_equal(second.controller.state_dict(), straight.controller.state_dict())
 
 
 def test_resume_with_a_different_config_is_refused(tmp_path, capsys):
@@ -209,8 +201,7 @@ def test_sft_then_train_from_the_warm_start(tmp_path, capsys):
     from sagc_jax.train.policy import load_run_params
 
     warm = load_run_params(sft_dir, trainer.params)
-    for a, b in zip(jax.tree.leaves(warm), jax.tree.leaves(trainer.params), strict=True):
-        np.testing.assert_array_equal(a, b)
+    chex.assert_trees_all_equal(warm, trainer.params)
     trainer.close()
 
 

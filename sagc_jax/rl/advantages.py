@@ -6,6 +6,7 @@ Groups may have different sizes (e.g. after dynamic sampling); only ``num_groups
 
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -33,6 +34,10 @@ def group_advantages(
       (groups whose rewards are all equal: their advantages are exactly 0).
     """
     rewards_b = jnp.asarray(rewards_b, jnp.float32)
+    # [B] both, integer ids: rewards [1, B] would give [B, B] advantages without an error
+    chex.assert_rank(rewards_b, 1)
+    chex.assert_shape(group_ids_b, rewards_b.shape)
+    chex.assert_type(group_ids_b, int)
     seg = lambda x: jax.ops.segment_sum(x, group_ids_b, num_segments=num_groups)  # noqa: E731
     count_p = seg(jnp.ones_like(rewards_b))
     mean_p = seg(rewards_b) / jnp.maximum(count_p, 1.0)

@@ -15,6 +15,7 @@ per-token weights.
 
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -36,6 +37,7 @@ def loss_normalizer(mask_bt, aggregation: str, max_new_tokens: int | None = None
     not the padded width).
     """
     mask_bt = jnp.asarray(mask_bt, jnp.float32)
+    chex.assert_rank(mask_bt, 2)  # [B, T]: 'constant' counts its rows as the sequences
     if aggregation == "seq_mean":
         value = jnp.sum(jnp.sum(mask_bt, axis=1) > 0)
     elif aggregation == "token_mean":
@@ -53,6 +55,16 @@ def kl_k3(logp_bt: jax.Array, ref_logp_bt: jax.Array) -> jax.Array:
     """Per-token k3 estimator of KL(policy || reference): ``exp(r - p) - (r - p) - 1 >= 0``."""
     diff = ref_logp_bt - logp_bt
     return jnp.exp(diff) - diff - 1.0
+
+
+def _check_token_arrays(logp_bt, old_logp_bt, mask_bt, ref_logp_bt) -> None:
+    """The per-token contract of both losses (checked when traced: no cost per call under jit):
+    log-probs and mask alike [B, T]; log-probs float32 (in bfloat16 the ratio exp(logp - old)
+    moves in steps of 1/128 near 1)."""
+    logps = [logp_bt, old_logp_bt] + ([] if ref_logp_bt is None else [ref_logp_bt])
+    chex.assert_rank(logp_bt, 2)
+    chex.assert_equal_shape([*logps, mask_bt])
+    chex.assert_type(logps, jnp.float32)
 
 
 def _token_terms(
@@ -114,6 +126,9 @@ def policy_loss(
 
     Metrics (kl, clip_fraction, ratio_mean) are means over the unmasked tokens.
     """
+    _check_token_arrays(logp_bt, old_logp_bt, mask_bt, ref_logp_bt)
+    chex.assert_shape(adv_b, logp_bt.shape[:1])  # [B]: a [B, T] one would broadcast to [B, B, T]
+    chex.assert_rank(normalizer, 0)
     mask_bt = mask_bt.astype(jnp.float32)
     per_token, metrics = _token_terms(
         logp_bt, old_logp_bt, adv_b[:, None], mask_bt, eps_low, eps_high, kl_beta, ref_logp_bt
@@ -150,6 +165,9 @@ def weighted_policy_loss(
     T tokens); ``adv_bt`` per token; ``mask_bt`` 1 where a completion token is scored. Metrics as
     :func:`policy_loss`'s.
     """
+    _check_token_arrays(logp_bt, old_logp_bt, mask_bt, ref_logp_bt)
+    chex.assert_equal_shape([logp_bt, adv_bt, weight_bt])
+    chex.assert_rank(normalizer, 0)
     per_token, metrics = _token_terms(
         logp_bt, old_logp_bt, adv_bt, mask_bt, eps_low, eps_high, kl_beta, ref_logp_bt
     )

@@ -18,6 +18,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -207,6 +208,9 @@ class Sampler:
         """
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens}; must be >= 1")
+        # [B, P] token ids: a float array would be cast to ids without an error
+        chex.assert_rank(prompt_ids_bt, 2)
+        chex.assert_type(prompt_ids_bt, int)
         local_batch, prompt_len = np.shape(prompt_ids_bt)
         lens_b = np.asarray(prompt_lens_b, np.int32)
         if lens_b.shape != (local_batch,) or lens_b.min() < 1 or lens_b.max() > prompt_len:

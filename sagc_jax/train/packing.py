@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 
+import chex
 import numpy as np
 
 from sagc_jax.config import ConfigError
@@ -86,6 +87,8 @@ def _extents(prompt_lens_b, mask_bl) -> tuple[np.ndarray, np.ndarray]:
     token; 0 for a rollout with nothing to score (it is left out)."""
     mask_bl = np.asarray(mask_bl)
     prompt_lens_b = np.asarray(prompt_lens_b, np.int64)
+    chex.assert_rank(mask_bl, 2)
+    chex.assert_shape(prompt_lens_b, mask_bl.shape[:1])
     live_bl = mask_bl != 0
     kept_b = np.where(live_bl.any(axis=1), mask_bl.shape[1] - np.argmax(live_bl[:, ::-1], 1), 0)
     if np.any((prompt_lens_b < 1) & (kept_b > 0)):
@@ -155,6 +158,12 @@ def pack_update_batch(
     prompt_ids_bp = np.asarray(prompt_ids_bp)
     prompt_lens_b = np.asarray(prompt_lens_b, np.int64)
     mask_bl = np.asarray(mask_bl, np.float32)
+    # one row per rollout everywhere, one column per completion token in the [B, L] arrays:
+    # numpy would broadcast a [B, 1] advantage or slice a wider log-prob array without an error
+    chex.assert_rank(prompt_ids_bp, 2)
+    chex.assert_equal_shape([completion_bl, old_logp_bl, mask_bl])
+    chex.assert_shape(adv_b, mask_bl.shape[:1])
+    chex.assert_equal_shape([prompt_ids_bp, mask_bl], dims=0)
     kept_b, sizes_b = _extents(prompt_lens_b, mask_bl)
     row_b, offset_b = _first_fit_decreasing(sizes_b, pack_len)
     used = int(row_b.max()) + 1 if len(row_b) else 0
