@@ -452,7 +452,8 @@ class _Bigram(nnx.Module):
     def __init__(self, table_vv):
         self.table_vv = nnx.Param(table_vv)
 
-    def __call__(self, tokens_bt, *, mask_bt=None, **tunix_kwargs):
+    def __call__(self, tokens_bt, *, mask_bt=None, dropout_key=None, **tunix_kwargs):
+        del dropout_key  # ours: LoRA dropout (None outside the update)
         logits_btv = self.table_vv[...][tokens_bt]
         return (logits_btv, None) if tunix_kwargs else logits_btv  # Tunix wants (logits, cache)
 
