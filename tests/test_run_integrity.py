@@ -121,6 +121,22 @@ def test_store_never_writes_nonfinite_values_and_rotates_only_sealed_steps(tmp_p
     store.close()
 
 
+def test_reading_another_runs_checkpoints_deletes_none_of_them(tmp_path):
+    """train.init_checkpoint, eval, export and report open another run's checkpoints: a run that
+    keeps five keeps its five (a reader used to rotate them to the default three on close)."""
+    from sagc_jax.train.checkpoint import newest_verified_meta
+    from sagc_jax.train.policy import load_run_params
+
+    writer = CheckpointStore(tmp_path / "checkpoints", keep=5, async_save=False)
+    params = {"w": np.ones(3, np.float32)}
+    for step in range(1, 6):
+        assert writer.save(step, {"params": params}, {"step": step, "config": {}})
+    writer.close()
+    assert newest_verified_meta(tmp_path / "checkpoints")[0] == 5
+    np.testing.assert_array_equal(load_run_params(tmp_path, params)["w"], params["w"])
+    assert CheckpointStore(tmp_path / "checkpoints").manager.all_steps() == [1, 2, 3, 4, 5]
+
+
 def test_second_writer_is_refused_and_a_stale_lock_is_taken_over(tmp_path, capsys):
     run = tmp_path / "run"
     args = ["train", *sets([*TINY, "train.steps=1"]), "--set", f"logging.run_dir={run}"]

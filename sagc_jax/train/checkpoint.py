@@ -176,12 +176,14 @@ def _file_record(step_dir: Path) -> dict[str, list]:
 class CheckpointStore:
     """Saves, seals, verifies and restores run state under ``directory``.
 
-    Keeps the newest ``keep`` sealed steps. Every process of a run makes the same calls in the
-    same order (saving, waiting and rotating are collective); process 0 alone seals, verifies
-    and moves rejected steps aside, and broadcasts which step to restore.
+    A writer (``keep``: a number) keeps the newest ``keep`` sealed steps; a reader (``keep``
+    None: restoring another run's parameters, its meta, a report) never deletes a step. Every
+    process of a run makes the same calls in the same order (saving, waiting and rotating are
+    collective); process 0 alone seals, verifies and moves rejected steps aside, and broadcasts
+    which step to restore.
     """
 
-    def __init__(self, directory: str | Path, keep: int = 3, async_save: bool = True):
+    def __init__(self, directory: str | Path, keep: int | None = None, async_save: bool = True):
         self.directory = Path(directory).absolute()
         self.rejected_dir = self.directory.with_name(self.directory.name + "-rejected")
         self.keep = keep
@@ -248,6 +250,8 @@ class CheckpointStore:
         """Finish every write in flight, seal it, and rotate old steps out."""
         self._finish_write()
         self._seal()
+        if self.keep is None:
+            return  # a reader: another run's steps are not ours to rotate
         complete = self.manager.all_steps()
         for step in sorted(complete)[: max(len(complete) - self.keep, 0)]:
             self.manager.delete(step)  # collective: every process rotates the same steps
