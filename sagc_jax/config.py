@@ -14,6 +14,7 @@ simulator can import it cheaply.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import types
@@ -26,6 +27,9 @@ import yaml
 __all__ = [
     "Config",
     "ConfigError",
+    "changed_keys",
+    "config_differences",
+    "config_over_saved",
     "ControllerConfig",
     "DataConfig",
     "HybridConfig",
@@ -51,11 +55,31 @@ class ConfigError(ValueError):
     """A configuration value is unknown, mis-typed or out of range (message is one line)."""
 
 
-def option(default: Any, *, ge=None, gt=None, le=None, lt=None, choices=None, help: str = ""):
-    """A dataclass field with a default, bounds and allowed choices, checked on construction."""
+def option(
+    default: Any,
+    *,
+    ge=None,
+    gt=None,
+    le=None,
+    lt=None,
+    choices=None,
+    help: str = "",
+    resumable: bool | None = None,
+    warm_start: bool | None = None,
+    params: bool = False,
+):
+    """A dataclass field with a default, bounds and allowed choices, checked on construction.
+
+    What a change of the key means for saved work (:func:`changed_keys`):
+    resumable: a resumed ``train`` run may change it (None: the section's ``_resumable``);
+    warm_start: it shapes the ``sft`` warm start, so a changed value is neither reused nor
+    resumed (None: the section's ``_warm_start``);
+    params: it shapes the stored parameters (a config differing in it cannot load a run's).
+    """
     if isinstance(default, list | dict):
         raise TypeError("use tuples for sequence defaults: configs are frozen")
     meta = {"ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "help": help}
+    meta.update(resumable=resumable, warm_start=warm_start, params=params)
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -100,6 +124,8 @@ class _Section:
     """Mixin: validates option bounds on construction; subclasses add cross-field rules."""
 
     _prefix = ""
+    _resumable = False  # the default of its options' ``resumable``
+    _warm_start = False  # the default of its options' ``warm_start``
 
     def __post_init__(self) -> None:
         _validate_fields(self, self._prefix)
@@ -120,16 +146,21 @@ class ModelConfig(_Section):
     """Which policy to train: a preset architecture or a local Hugging Face checkpoint."""
 
     _prefix = "model."
-    preset: str = option("tiny", help="architecture preset (used when hf_checkpoint is unset)")
-    hf_checkpoint: str | None = option(None, help="local Hugging Face model directory")
+    _warm_start = True
+    preset: str = option(
+        "tiny", help="architecture preset (used when hf_checkpoint is unset)", params=True
+    )
+    hf_checkpoint: str | None = option(None, help="local Hugging Face model directory", params=True)
     tokenizer: str | None = option(
         None,
         help="directory with tokenizer.json (default: hf_checkpoint; synthetic task: built in)",
+        params=True,
     )
     param_dtype: str = option(
         "float32",
         choices=("float32", "bfloat16"),
         help="dtype the weights are stored in (bfloat16 halves their memory)",
+        params=True,
     )
     compute_dtype: str = option(
         "float32",
@@ -147,12 +178,14 @@ class ModelConfig(_Section):
         choices=("auto", "einsum", "cudnn", "splash"),
         help="attention of the full forward (update, log-probs; decoding always uses einsum): "
         "auto picks cudnn on GPU in bfloat16, splash on TPU, einsum otherwise",
+        resumable=True,
     )
     lora_rank: int = option(
         0,
         ge=0,
         help="rank of the LoRA adapters trained instead of the weights (docs/lora.md); 0: no "
         "LoRA, every weight is trained",
+        params=True,
     )
     lora_alpha: float = option(
         16.0, gt=0.0, help="LoRA scale: adapters add lora_alpha / lora_rank times (x @ A) @ B"
@@ -161,6 +194,7 @@ class ModelConfig(_Section):
         LORA_TARGETS,
         choices=LORA_TARGETS,
         help="projections that get adapters, by their Hugging Face / PEFT module names",
+        params=True,
     )
     lora_dropout: float = option(
         0.0, ge=0.0, lt=1.0, help="dropout on the adapters' input in the update (not sampling)"
@@ -184,13 +218,17 @@ class SamplingConfig(_Section):
 
     _prefix = "sampling."
     max_new_tokens: int = option(
-        256, ge=1, help="tokens a completion may generate (EOS included); longer ones are truncated"
+        256,
+        ge=1,
+        help="tokens a completion may generate (EOS included); longer ones are truncated",
+        warm_start=True,
     )
     decode_chunk: int | str = option(
         "auto",
         ge=0,
         help="cache slots added per decode phase, so a step attends over about the tokens so "
         "far; 0: every step attends over the whole cache; 'auto': max(32, max_new_tokens / 8)",
+        resumable=True,
     )
     temperature: float = option(1.0, ge=0.0, help="sampling temperature; 0: greedy")
     top_p: float = option(
@@ -426,7 +464,9 @@ class TrainConfig(_Section):
     """The RL loop: batch shape, optimizer, update schedule, checkpoints and evaluation."""
 
     _prefix = "train."
-    steps: int = option(100, ge=1, help="RL steps (each: rollouts, rewards, update, controller)")
+    steps: int = option(
+        100, ge=1, help="RL steps (each: rollouts, rewards, update, controller)", resumable=True
+    )
     batch_mode: str = option(
         "prompts",
         choices=("prompts", "budget"),
@@ -450,6 +490,7 @@ class TrainConfig(_Section):
         choices=("float32", "param"),
         help="float32: Adam moments in float32 and, with bfloat16 params, a float32 master copy "
         "of the params; param: moments in the params' dtype, no master copy (least memory)",
+        warm_start=True,
     )
     adam_b1: float = option(0.9, ge=0.0, lt=1.0, help="Adam's first-moment decay")
     adam_b2: float = option(0.999, ge=0.0, lt=1.0, help="Adam's second-moment decay")
@@ -457,12 +498,21 @@ class TrainConfig(_Section):
     minibatches: int = option(1, ge=1, help="optimizer updates per epoch")
     microbatches: int = option(1, ge=1, help="gradient-accumulation chunks per update")
     seed: int = option(0, ge=0, help="root seed of the run: model init, sampling keys, data order")
-    checkpoint_every: int = option(25, ge=0, help="steps between checkpoints; 0: only at the end")
-    checkpoint_minutes: float = option(0.0, ge=0.0, help="also checkpoint this often; 0: off")
+    checkpoint_every: int = option(
+        25, ge=0, help="steps between checkpoints; 0: only at the end", resumable=True
+    )
+    checkpoint_minutes: float = option(
+        0.0, ge=0.0, help="also checkpoint this often; 0: off", resumable=True
+    )
     keep_checkpoints: int = option(3, ge=1, help="sealed checkpoints kept; older ones are deleted")
-    async_checkpoint: bool = option(True, help="write checkpoints in the background")
+    async_checkpoint: bool = option(
+        True, help="write checkpoints in the background", resumable=True
+    )
     max_nonfinite_steps: int = option(
-        3, ge=1, help="abort after this many steps in a row with a non-finite loss or gradient"
+        3,
+        ge=1,
+        help="abort after this many steps in a row with a non-finite loss or gradient",
+        resumable=True,
     )
     spike_factor: float = option(
         10.0,
@@ -470,20 +520,27 @@ class TrainConfig(_Section):
         help="a step whose gradient norm exceeds this many times the median of the last "
         "train.spike_window steps is a spike: no checkpoint is written (but the final one) until "
         "spike_window steps pass without one, so the last stays one from before it; 0: off",
+        resumable=True,
     )
-    spike_window: int = option(20, ge=2, help="steps of gradient norms a spike is judged against")
-    eval_every: int = option(0, ge=0, help="steps between held-out evaluations; 0: start and end")
+    spike_window: int = option(
+        20, ge=2, help="steps of gradient norms a spike is judged against", resumable=True
+    )
+    eval_every: int = option(
+        0, ge=0, help="steps between held-out evaluations; 0: start and end", resumable=True
+    )
     eval_size: int = option(128, ge=1, help="held-out prompts per evaluation")
     compile_ahead: bool = option(False, help="compile every candidate G at start-up")
     memory_check: bool = option(
         True,
         help="before building the model, refuse a ladder whose largest G does not fit one "
         "device's memory by sagc-jax plan's estimate (on CPU: the host's)",
+        resumable=True,
     )
     resume_changed_data: bool = option(
         False,
         help="resume although a data file changed since the checkpoint (its size or sha256 "
         "differ): the run continues at the saved step on the new contents; false: refused",
+        resumable=True,
     )
     compilation_cache_dir: str | None = option(None, help="persistent XLA compilation cache")
     init_checkpoint: str | None = option(
@@ -493,9 +550,13 @@ class TrainConfig(_Section):
         True,
         help="update on packed rows of real tokens (one program per row-count rung); false: "
         "one padded row per rollout",
+        resumable=True,
     )
     pack_len: int = option(
-        0, ge=0, help="tokens per packed row; 0: largest prompt bucket + sampling.max_new_tokens"
+        0,
+        ge=0,
+        help="tokens per packed row; 0: largest prompt bucket + sampling.max_new_tokens",
+        resumable=True,
     )
 
 
@@ -504,6 +565,7 @@ class SFTConfig(_Section):
     """Supervised warm start on task traces (``sagc-jax sft``)."""
 
     _prefix = "sft."
+    _warm_start = True
     steps: int = option(300, ge=1, help="optimizer steps of the warm start")
     batch_size: int = option(32, ge=1, help="traces per step")
     learning_rate: float = option(
@@ -531,6 +593,7 @@ class SFTConfig(_Section):
         ge=0,
         help="save params and optimizer state every N steps to resume from (0: only at the end "
         "and when stopped by a signal)",
+        warm_start=False,
     )
 
 
@@ -539,10 +602,12 @@ class DataConfig(_Section):
     """Where prompts and rewards come from."""
 
     _prefix = "data."
+    _warm_start = True
     task: str = option(
         "synthetic",
         choices=("synthetic", "dataset"),
         help="synthetic: the built-in running-sum task; dataset: data.path with your own rows",
+        params=True,
     )
     path: str | None = option(None, help="JSONL or Parquet of {prompt, answer} (task: dataset)")
     eval_path: str | None = option(None, help="held-out file (task: dataset)")
@@ -562,20 +627,25 @@ class DataConfig(_Section):
         "limit again) to find the rows that hang, which data.reward_on_error treats; 0: no "
         "limit, called in the trainer's process (a reward that needs the accelerator or shares "
         "state with the trainer)",
+        resumable=True,
     )
     math_timeout_s: float = option(
         2.0,
         gt=0.0,
         help="math reward: seconds one completion's symbolic check may take before its worker "
         "process is killed; it scores 0 and counts in reward_timeouts",
+        resumable=True,
     )
     math_batch_timeout_s: float = option(
         30.0,
         gt=0.0,
         help="math reward: seconds the symbolic checks of one batch may take together; rows "
         "unfinished then score 0 and count in reward_timeouts",
+        resumable=True,
     )
-    math_workers: int = option(2, ge=1, le=64, help="math reward: symbolic checker processes")
+    math_workers: int = option(
+        2, ge=1, le=64, help="math reward: symbolic checker processes", resumable=True
+    )
     chat_template: bool = option(False, help="wrap dataset prompts in the tokenizer's template")
     on_long_prompt: str = option(
         "error",
@@ -639,6 +709,7 @@ class MeshConfig(_Section):
     """Device mesh shape; -1 means all remaining devices."""
 
     _prefix = "mesh."
+    _resumable = True  # checkpoints are restored into the new mesh's shardings
     data: int = option(
         1,
         ge=-1,
@@ -665,6 +736,7 @@ class LoggingConfig(_Section):
     """Where and how a run writes its outputs."""
 
     _prefix = "logging."
+    _resumable = True
     run_dir: str | None = option(None, help="default: runs/<command>-<config name>-<timestamp>")
     plots: bool = option(True, help="write PNG plots of the run's metrics at the end")
     tensorboard: bool = option(True, help="write TensorBoard event files beside metrics.jsonl")
@@ -700,6 +772,7 @@ class SimConfig(_Section):
     """
 
     _prefix = "sim."
+    _resumable = True  # the offline simulator's section: training never reads it
     steps: int = option(300, ge=1, help="simulated steps")
     prompts_per_step: int = option(64, ge=1, help="prompts per simulated step")
     seed: int = option(
@@ -814,6 +887,32 @@ class Config(_Section):
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
     sim: SimConfig = dataclasses.field(default_factory=SimConfig)
+
+    def check(self) -> None:
+        """Rules across sections."""
+        c, t = self.controller, self.train
+        if c.kind == "hybrid":
+            if t.batch_mode != "prompts":
+                raise ConfigError(
+                    "controller.kind = 'hybrid' needs train.batch_mode = prompts: it decides from "
+                    "the step's prompts, which batch_mode = budget chooses after G (a per-prompt "
+                    "rollout budget is controller.hybrid.rollout_budget)"
+                )
+            if self.loss.dynamic_sampling:
+                raise ConfigError(
+                    "controller.kind = 'hybrid' does not train with loss.dynamic_sampling yet: "
+                    "the refill rounds bring prompts the controller did not decide for; set it "
+                    "to false"
+                )
+            if c.hybrid.mode == "per_prompt" and c.hybrid.rollout_budget:  # 0: P x G rows
+                budget, g = c.hybrid.rollout_budget, c.sagc.candidates
+                lo, hi = t.prompts_per_step * min(g), t.prompts_per_step * max(g)
+                if not lo <= budget <= hi:
+                    raise ConfigError(
+                        f"controller.hybrid.rollout_budget = {budget} cannot be split into "
+                        f"train.prompts_per_step = {t.prompts_per_step} groups from the ladder "
+                        f"{list(g)}: allowed {lo} to {hi}"
+                    )
 
 
 HYBRID_MODES = ("step", "per_prompt")
@@ -1052,6 +1151,71 @@ def _locate(message: str, origin: str, lines: dict[str, int], set_keys: dict[str
     return f"{origin}: {message}"
 
 
+# --------------------------------------------------------------------------- saved configs
+
+
+def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two ``to_dict`` trees."""
+    keys = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys += config_differences(a, b, f"{prefix}{k}.")
+        elif a != b:
+            keys.append(f"{prefix}{k}")
+    return keys
+
+
+def _flag(key: str, flag: str) -> bool:
+    """The ``option`` flag (resumable, warm_start, params) of a dotted key. A key the config no
+    longer has (removed or renamed since a run was saved) takes its section's default (False
+    when the section is gone too)."""
+    cls, parts = Config, key.split(".")
+    for i, name in enumerate(parts):
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        hints = typing.get_type_hints(cls)
+        if name not in fields:
+            return bool(getattr(cls, f"_{flag}", False))
+        if i == len(parts) - 1 or not dataclasses.is_dataclass(hints[name]):
+            value = fields[name].metadata.get(flag)
+            return bool(getattr(cls, f"_{flag}", False) if value is None else value)
+        cls = hints[name]
+    return False
+
+
+def changed_keys(saved: dict, cfg: Config, which: str) -> list[str]:
+    """Keys whose values differ between a saved ``to_dict`` config (keys added since take
+    their defaults) and ``cfg``, among those ``which`` names:
+
+    "unresumable": a resumed ``train`` run may not change them (``option(resumable=False)``);
+    "warm_start": they shape the ``sft`` warm start (``option(warm_start=True)``);
+    "params": they shape the stored parameters (``option(params=True)``).
+    """
+    try:
+        saved = to_dict(from_dict(saved))
+    except ConfigError:
+        pass  # a key since removed or renamed: compared as saved
+    differ = config_differences(saved, to_dict(cfg))
+    if which == "unresumable":
+        return [k for k in differ if not _flag(k, "resumable")]
+    if which in ("warm_start", "params"):
+        return [k for k in differ if _flag(k, which)]
+    raise ValueError(f"which = {which!r}; allowed: unresumable, warm_start, params")
+
+
+def config_over_saved(saved: dict, overrides: typing.Sequence[str], where: str) -> Config:
+    """A run's saved ``to_dict`` config with ``--set`` overrides on top (``where`` names the
+    run in errors)."""
+    data = copy.deepcopy(saved)
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_dotted(data, key, value, f"--set {text}")
+    try:
+        return from_dict(data)
+    except ConfigError as err:
+        raise ConfigError(f"--set over the config saved in {where}: {err}") from None
+
+
 # --------------------------------------------------------------------------- reference
 
 
@@ -1065,7 +1229,8 @@ def reference_markdown() -> str:
         "(`sagc_jax/config.py`) by `sagc-jax config --reference > docs/config.md`; a test "
         "checks that this page is current. A config file is a YAML mapping of these sections; "
         "every key is optional, and `--set section.key=value` overrides one on the command "
-        "line. [Back to the README](../README.md)",
+        "line. A resumed run must keep the saved config but for the keys marked *(a resume may "
+        "change it)*. [Back to the README](../README.md)",
     ]
 
     def section(cls: type, prefix: str) -> None:
@@ -1087,6 +1252,8 @@ def reference_markdown() -> str:
             shown = yaml.safe_dump(value, default_flow_style=True, width=1000)
             shown = shown.removesuffix("\n...\n").strip()
             meaning = " ".join(meta.get("help", "").split()).replace("|", "\\|")
+            if _flag(f"{prefix}{f.name}", "resumable"):
+                meaning += " *(a resume may change it)*"
             rows.append(f"| `{prefix}{f.name}` | `{shown}` | {accepts} | {meaning} |")
         if rows:
             doc = " ".join((cls.__doc__ or "").split())

@@ -173,3 +173,52 @@ def test_the_config_reference_page_is_current_and_every_key_has_a_meaning(capsys
     assert [row.split("`")[1] for row in rows if row.rstrip().endswith("|  |")] == []
     assert main(["config", "--reference"]) == 0
     assert capsys.readouterr().out == page
+
+
+def test_what_a_changed_key_means_is_a_property_of_its_option():
+    from sagc_jax.config import changed_keys, config_over_saved
+
+    saved = to_dict(load_config(None))
+    cfg = load_config(
+        None,
+        [
+            "train.steps=7",  # a resume may change it
+            "mesh.fsdp=2",  # the whole section may
+            "train.learning_rate=0.5",  # not resumable, not the warm start's
+            "sft.checkpoint_every=3",  # the warm start's section, but not the warm start
+            "sampling.max_new_tokens=9",  # shapes the warm start, outside its sections
+            "model.param_dtype=bfloat16",  # shapes the stored parameters
+        ],
+    )
+    assert changed_keys(saved, cfg, "unresumable") == [
+        "model.param_dtype",
+        "sampling.max_new_tokens",
+        "sft.checkpoint_every",
+        "train.learning_rate",
+    ]
+    assert changed_keys(saved, cfg, "warm_start") == [
+        "model.param_dtype",
+        "sampling.max_new_tokens",
+    ]
+    assert changed_keys(saved, cfg, "params") == ["model.param_dtype"]
+    # a key since removed: not resumable, the warm start's when its section is
+    saved["data"]["retired"], saved["logging"]["retired"] = 1, 1
+    assert "data.retired" in changed_keys(saved, cfg, "unresumable")
+    assert "data.retired" in changed_keys(saved, cfg, "warm_start")
+    assert "logging.retired" not in changed_keys(saved, cfg, "unresumable")
+    with pytest.raises(ValueError, match="allowed: unresumable, warm_start, params"):
+        changed_keys(saved, cfg, "resumable")
+
+    del saved["data"]["retired"], saved["logging"]["retired"]
+    assert config_over_saved(saved, ["train.steps=3"], "RUN").train.steps == 3
+    with pytest.raises(ConfigError, match="^--set over the config saved in RUN: train.steps"):
+        config_over_saved(saved, ["train.steps=0"], "RUN")
+
+
+def test_hybrid_rules_across_sections_are_config_errors():
+    with pytest.raises(ConfigError, match="needs train.batch_mode = prompts"):
+        load_config(None, ["controller.kind=hybrid", "train.batch_mode=budget"])
+    per_prompt = ["controller.kind=hybrid", "controller.hybrid.mode=per_prompt"]
+    assert load_config(None, per_prompt).controller.hybrid.rollout_budget == 0  # P x G rows
+    with pytest.raises(ConfigError, match="rollout_budget = 20 cannot be split into"):
+        load_config(None, [*per_prompt, "controller.hybrid.rollout_budget=20"])

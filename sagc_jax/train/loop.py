@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sagc_jax.config import Config, ConfigError, from_dict, to_dict
+from sagc_jax.config import Config, ConfigError, changed_keys, to_dict
 from sagc_jax.controller import make_controller
 from sagc_jax.models import lora
 from sagc_jax.parallel import ShardingPlan, any_process, from_leader, gather_rows, is_leader
@@ -65,33 +65,6 @@ from sagc_jax.train.runlock import RunDirError, RunLock
 # saved as an Orbax item padded to controller.hybrid.capacity rows, not in the JSON meta.
 PROMPT_TABLE = "predictor_table_"
 
-# Keys of the config that may change when a run is resumed (the rest must match).
-RESUMABLE_CHANGES = (
-    "train.steps",
-    "train.checkpoint_every",
-    "train.checkpoint_minutes",
-    "train.async_checkpoint",
-    "train.eval_every",
-    "train.max_nonfinite_steps",
-    "train.spike_factor",
-    "train.spike_window",
-    "train.memory_check",
-    "train.resume_changed_data",
-    "logging.",
-    "sim.",  # the offline simulator's section: training never reads it
-    "mesh.",  # checkpoints are restored into the new mesh's shardings
-    # how the same computation is laid out (results equal to float error)
-    "train.packing",
-    "train.pack_len",
-    "model.attention",
-    "sampling.decode_chunk",
-    # bounds that only cut pathological reward checks short
-    "data.math_timeout_s",
-    "data.reward_timeout_s",
-    "data.math_batch_timeout_s",
-    "data.math_workers",
-)
-
 
 def prompts_for(cfg: Config, group_size: int) -> int:
     """Prompts per step at group size G: fixed, or a fixed rollout budget divided by G."""
@@ -118,36 +91,14 @@ def rollout_shapes(cfg: Config, candidates: tuple[int, ...]) -> dict[str, int]:
 
 
 def check_hybrid(cfg: Config, processes: int = 1) -> None:
-    """What the trainer needs to run ``controller.kind: hybrid`` (no-op for other kinds)."""
-    c, t = cfg.controller, cfg.train
-    if c.kind != "hybrid":
-        return
-    if t.batch_mode != "prompts":
-        raise ConfigError(
-            "controller.kind = 'hybrid' needs train.batch_mode = prompts: it decides from the "
-            "step's prompts, which batch_mode = budget chooses after G (a per-prompt rollout "
-            "budget is controller.hybrid.rollout_budget)"
-        )
-    if cfg.loss.dynamic_sampling:
-        raise ConfigError(
-            "controller.kind = 'hybrid' does not train with loss.dynamic_sampling yet: the "
-            "refill rounds bring prompts the controller did not decide for; set it to false"
-        )
-    if c.hybrid.mode == "per_prompt" and processes > 1:
+    """What the hybrid controller needs of the run beyond its config (``Config.check`` has the
+    rest): per-prompt group sizes in one process only."""
+    c = cfg.controller
+    if c.kind == "hybrid" and c.hybrid.mode == "per_prompt" and processes > 1:
         raise ConfigError(
             f"controller.hybrid.mode = per_prompt trains in one process only ({processes} "
             f"running): the processes' prompts would need unequal rows; use mode = step"
         )
-    budget = per_prompt_budget(cfg)
-    if budget:
-        g = c.sagc.candidates
-        lo, hi = t.prompts_per_step * min(g), t.prompts_per_step * max(g)
-        if not lo <= budget <= hi:
-            raise ConfigError(
-                f"controller.hybrid.rollout_budget = {budget} cannot be split into "
-                f"train.prompts_per_step = {t.prompts_per_step} groups from the ladder "
-                f"{list(g)}: allowed {lo} to {hi}"
-            )
 
 
 def check_batch_shapes(
@@ -231,18 +182,6 @@ def make_trainer_optimizer(cfg: Config):
         # LoRA trains only the adapters, which are float32 (models.lora): no master copy
         param_dtype="float32" if cfg.model.lora_rank else cfg.model.param_dtype,
     )
-
-
-def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two ``to_dict`` trees."""
-    keys = []
-    for k in sorted(set(old) | set(new)):
-        a, b = old.get(k), new.get(k)
-        if isinstance(a, dict) and isinstance(b, dict):
-            keys += config_differences(a, b, f"{prefix}{k}.")
-        elif a != b:
-            keys.append(f"{prefix}{k}")
-    return keys
 
 
 class TrainingDiverged(RuntimeError):
@@ -404,16 +343,7 @@ class Trainer:
 
     def _check_resumable(self, meta: dict) -> None:
         """Raise ConfigError when the run in ``meta`` cannot continue under this config."""
-        saved = meta["config"]
-        try:  # keys added since the run was saved take their defaults (the old behaviour)
-            saved = to_dict(from_dict(saved))
-        except ConfigError:
-            pass  # a key since removed or renamed: compared as saved, and reported below
-        changed = [
-            k
-            for k in config_differences(saved, to_dict(self.cfg))
-            if not k.startswith(RESUMABLE_CHANGES)
-        ]
+        changed = changed_keys(meta["config"], self.cfg, "unresumable")
         processes = meta.get("processes", 1)
         if self.cfg.data.task == "dataset" and processes != jax.process_count():
             raise ConfigError(

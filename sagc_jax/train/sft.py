@@ -7,7 +7,9 @@ Checkpoints (params, optimizer state, step) are written every ``sft.checkpoint_e
 and when a stop signal arrives; the batch of a step is a pure function of the step, so a rerun
 resumes to exactly the uninterrupted result. The last checkpoint holds only the params and is
 marked ``finished`` in its meta. A run directory whose saved config differs on a key that shapes
-the warm start (``SFT_KEYS``) is neither reused nor resumed.
+the warm start (``option(warm_start=True)``: the model, sft and data sections,
+sampling.max_new_tokens and train.optimizer_dtype; not sft.checkpoint_every) is neither reused
+nor resumed.
 """
 
 from __future__ import annotations
@@ -23,17 +25,11 @@ import numpy as np
 import optax
 from flax import nnx
 
-from sagc_jax.config import Config, ConfigError, from_dict, to_dict
+from sagc_jax.config import Config, ConfigError, changed_keys, to_dict
 from sagc_jax.tasks import encode_sft_batch
 from sagc_jax.train.checkpoint import CheckpointStore, newest_verified_meta
 from sagc_jax.train.faults import Interrupted, StopRequest, crash_point, phase, resume_hint
-from sagc_jax.train.loop import config_differences
 from sagc_jax.train.optim import make_optimizer
-
-# Keys of the config that shape the warm start: a run directory whose saved config differs on
-# one of them is not reused or resumed (sft.checkpoint_every may change).
-SFT_KEYS = ("model.", "sft.", "data.", "sampling.max_new_tokens", "train.optimizer_dtype")
-RESUMABLE_CHANGES = ("sft.checkpoint_every",)
 
 
 def sft_loss(model, tokens_bt, loss_mask_bt):
@@ -86,23 +82,11 @@ def sft_batch(cfg: Config, source, step: int, width: int):
     return tokens_bt, mask_bt
 
 
-def sft_config_changes(saved: dict, cfg: Config) -> list[str]:
-    """Keys of ``SFT_KEYS`` whose values differ between a saved ``to_dict`` config and ``cfg``."""
-    try:
-        saved = to_dict(from_dict(saved))  # keys added since the run was saved get defaults
-    except ConfigError:
-        pass
-    return [
-        k
-        for k in config_differences(saved, to_dict(cfg))
-        if k.startswith(SFT_KEYS) and not k.startswith(RESUMABLE_CHANGES)
-    ]
-
-
 def check_saved_config(meta: dict, step: int, cfg: Config, run_dir: Path) -> None:
     """Raise ConfigError if the config of an SFT checkpoint (its ``meta``) differs from ``cfg``
-    on a key of ``SFT_KEYS``: neither reused nor resumed, the message says what to do."""
-    changed = sft_config_changes(meta["config"], cfg)
+    on a key that shapes the warm start: neither reused nor resumed, the message says what to
+    do."""
+    changed = changed_keys(meta["config"], cfg, "warm_start")
     if changed:
         held = (
             "a finished warm start"
@@ -118,8 +102,8 @@ def check_saved_config(meta: dict, step: int, cfg: Config, run_dir: Path) -> Non
 
 def sft_progress(cfg: Config, run_dir: Path) -> tuple[int | None, bool]:
     """(newest verified step, finished) of the SFT checkpoints in ``run_dir`` ((None, False):
-    none). Raises ConfigError when their config differs from ``cfg`` on a key of ``SFT_KEYS``.
-    """
+    none). Raises ConfigError when their config differs from ``cfg`` on a key that shapes the
+    warm start."""
     if not (run_dir / "checkpoints").is_dir():
         return None, False
     step, meta = newest_verified_meta(run_dir / "checkpoints")
