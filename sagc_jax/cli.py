@@ -369,16 +369,6 @@ def _what_next(cfg: Config, out_dir: Path) -> str:
     return "\n".join(lines)
 
 
-# Keys that shape the stored parameters: a --config differing in one cannot load the run.
-PARAM_KEYS = (
-    "model.preset",
-    "model.hf_checkpoint",
-    "model.tokenizer",
-    "model.param_dtype",
-    "data.task",  # the synthetic task brings its own character vocabulary
-)
-
-
 def _saved_run_config(run: Path) -> tuple[dict, int]:
     """(the config saved with the newest verified checkpoint of ``run``, its step)."""
     from sagc_jax.config import from_dict
@@ -398,24 +388,17 @@ def _saved_run_config(run: Path) -> tuple[dict, int]:
 def cmd_eval(args: argparse.Namespace) -> int:
     from flax import nnx
 
-    from sagc_jax.config import _set_dotted, from_dict, parse_override
+    from sagc_jax.config import changed_keys, config_differences, config_over_saved
     from sagc_jax.train.data import make_source
     from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
+    from sagc_jax.train.export import merged_run_params
     from sagc_jax.train.faults import phase
-    from sagc_jax.train.loop import config_differences
     from sagc_jax.train.policy import build_model, build_tokenizer, load_run_params
 
     run = args.checkpoint
     saved, step = _saved_run_config(run)
     if args.config is None:  # the run's own config, with the --set overrides
-        data = json.loads(json.dumps(saved))
-        for text in args.overrides:
-            key, value = parse_override(text)
-            _set_dotted(data, key, value, f"--set {text}")
-        try:
-            cfg = from_dict(data)
-        except ConfigError as err:
-            raise ConfigError(f"--set over the config saved in {run}: {err}") from None
+        cfg = config_over_saved(saved, args.overrides, str(run))
         used = f"the config saved with the run (step {step})"
         if args.overrides:
             used += " with " + " ".join(f"--set {o}" for o in args.overrides)
@@ -425,7 +408,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         differ = [
             k for k in config_differences(saved, to_dict(cfg)) if not k.startswith("logging.")
         ]
-        blocking = [k for k in differ if k.startswith(PARAM_KEYS)]
+        blocking = changed_keys(saved, cfg, "params")
         if blocking:
             raise UserError(
                 f"{run}: its parameters do not fit --config {args.config}, which differs from "
@@ -441,7 +424,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     source = make_source(cfg, tokenizer)
     model = build_model(cfg, source.tokenizer, seed=0)
     graphdef, params = nnx.split(model)
-    params = load_run_params(run, params, unfinished_ok=True)
+    if cfg.model.lora_rank:  # the adapters merged into their base: the plain model's weights
+        params = merged_run_params(run, source.tokenizer)
+    else:
+        params = load_run_params(run, params, unfinished_ok=True)
     sampler = policy_sampler(
         graphdef, model.config, source.tokenizer, decode_chunk=cfg.sampling.decode_chunk
     )

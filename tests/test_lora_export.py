@@ -232,6 +232,9 @@ def test_export_of_a_lora_run_over_a_preset_writes_its_base(tmp_path, capsys, le
     assert np.abs(_hf_logits(base, tokens_bt) - want_btv).max() > 1e-3
     peft_model = peft.PeftModel.from_pretrained(base, out / "adapter").eval()
     assert np.abs(_hf_logits(peft_model, tokens_bt) - want_btv).max() <= 1e-4
+    # eval samples the same merged weights (the base rebuilt, the adapters merged in)
+    assert main(["eval", "--checkpoint", str(tmp_path / "run"), "--num", "4"]) == 0
+    assert "eval/accuracy=" in capsys.readouterr().out
 
     capsys.readouterr()  # transformers' loading bars
     assert main(["export", str(tmp_path / "run"), str(tmp_path / "x"), "--adapters-only"]) == 2

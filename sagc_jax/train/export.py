@@ -18,7 +18,7 @@ import jax
 from flax import nnx
 
 from sagc_jax.config import Config, ConfigError, from_dict
-from sagc_jax.models import Decoder, DecoderConfig
+from sagc_jax.models import Decoder, DecoderConfig, lora
 from sagc_jax.models.hf_checkpoint import hf_architecture, save_hf_params
 from sagc_jax.models.hf_lora import save_merged, save_peft_adapters
 from sagc_jax.models.lora import LoRAParam
@@ -146,20 +146,7 @@ def _export_lora(ckpt, arch, tokenizer, source, out: Path, adapters_only: bool, 
             f"{ckpt.run}: its base ({base}) is not a Hugging Face checkpoint for PEFT to load the "
             f"adapters over; leave out --adapters-only to write the base next to them"
         )
-    # the base as the trainer builds it, checked against the one the adapters were trained over
-    params = nnx.state(build_model(cfg, tokenizer, seed=cfg.train.seed), nnx.Param)
-    if cfg.train.init_checkpoint:
-        params = load_run_params(cfg.train.init_checkpoint, params)
-    check_same_base(ckpt.meta.get("base"), base_identity(cfg), ckpt.step)
-    adapted = arch.replace(
-        lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, lora_targets=m.lora_targets
-    )
-    store = CheckpointStore(ckpt.run / "checkpoints")
-    try:
-        adapters = store.restore(ckpt.step, {"params": _abstract(adapted, LoRAParam)})[0]["params"]
-    finally:
-        store.close()
-
+    params, adapters, adapted = lora_run_weights(ckpt, tokenizer)
     written = []
     if not adapters_only:
         save_merged(params, adapters, adapted, str(out))
@@ -175,6 +162,34 @@ def _export_lora(ckpt, arch, tokenizer, source, out: Path, adapters_only: bool, 
     written.append(f"{adapter_dir} (PEFT adapters over {hf_base})")
     lora = f"LoRA rank {m.lora_rank} on {', '.join(m.lora_targets)}"
     report(f"export {ckpt.run} step {ckpt.step} ({lora}): " + ", ".join(written))
+
+
+def lora_run_weights(ckpt: RunCheckpoint, tokenizer) -> tuple[nnx.State, nnx.State, DecoderConfig]:
+    """(base weights, adapters, adapted architecture) of a LoRA run's checkpoint: the base built
+    as the trainer builds it and checked against the one the adapters were trained over."""
+    cfg, m = ckpt.cfg, ckpt.cfg.model
+    params = nnx.state(build_model(cfg, tokenizer, seed=cfg.train.seed), nnx.Param)
+    if cfg.train.init_checkpoint:
+        params = load_run_params(cfg.train.init_checkpoint, params)
+    check_same_base(ckpt.meta.get("base"), base_identity(cfg), ckpt.step)
+    adapted = _architecture(cfg, tokenizer).replace(
+        lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, lora_targets=m.lora_targets
+    )
+    store = CheckpointStore(ckpt.run / "checkpoints")
+    try:
+        adapters = store.restore(ckpt.step, {"params": _abstract(adapted, LoRAParam)})[0]["params"]
+    finally:
+        store.close()
+    return params, adapters, adapted
+
+
+def merged_run_params(run: Path, tokenizer) -> nnx.State:
+    """The weights of the plain model that computes what a LoRA run's newest checkpoint does
+    (its adapters merged into its base), for ``sagc-jax eval``."""
+    base, adapters, adapted = lora_run_weights(
+        newest_checkpoint(run, unfinished_ok=True), tokenizer
+    )
+    return lora.merge_adapters(adapters, base, lora.scale(adapted))
 
 
 def _copy_tokenizer(source: str | None, out: Path) -> list[str]:
