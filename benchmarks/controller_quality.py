@@ -31,12 +31,12 @@ import time
 
 import numpy as np
 
+from sagc_jax.analysis.study import mean_ci
 from sagc_jax.config import Config, SAGCConfig, SimConfig, load_config
 from sagc_jax.controller import make_controller
 from sagc_jax.sim.runner import run_controller
 from sagc_jax.sim.steptime import StepTimer
 from sagc_jax.sim.worlds import TailWorld, WorkloadWorld, oracle, rates_table
-from sagc_jax.train.study import mean_ci
 
 CANDIDATES = (4, 8, 16)
 TAU = 3.0

@@ -345,7 +345,7 @@ def _train(cfg: Config, args: argparse.Namespace, run: dict) -> int:
 
 def _what_next(cfg: Config, out_dir: Path) -> str:
     """The run's held-out accuracy, first evaluation to last, and the commands to go on with."""
-    from sagc_jax.train.report import read_metrics
+    from sagc_jax.train.metrics import read_metrics
 
     _, evals = read_metrics(out_dir)
     scored = [e for e in evals if "eval/accuracy" in e]
@@ -477,8 +477,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from sagc_jax.analysis.compare import compare, format_tables
     from sagc_jax.config import parse_controller_spec
-    from sagc_jax.train.compare import compare, format_tables
 
     cfg = load_config(args.config, _timing_overrides(args))
     controllers = [c.strip() for c in args.controllers.split(",") if c.strip()]
@@ -517,7 +517,8 @@ def _run_ladder_and_budget(run: Path) -> tuple[tuple[int, ...], float | None]:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from sagc_jax.train.report import plot_runs, read_metrics, summarize
+    from sagc_jax.analysis.run_report import plot_runs
+    from sagc_jax.train.metrics import read_metrics, summarize
 
     try:
         steps, evals = read_metrics(args.run_dir)

@@ -137,7 +137,7 @@ class _Section:
 
 # --------------------------------------------------------------------------- sections
 
-# Projections LoRA can adapt (models.config.LORA_TARGETS; this module imports no jax).
+# Projections LoRA can adapt (models.architecture.LORA_TARGETS; this module imports no jax).
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 

@@ -18,7 +18,7 @@ from helpers import TINY, sets
 from sagc_jax.cli import main
 from sagc_jax.config import ConfigError, load_config
 from sagc_jax.models import Decoder, KVCache, get_preset, init_cache
-from sagc_jax.models.config import LORA_TARGETS
+from sagc_jax.models.architecture import LORA_TARGETS
 from sagc_jax.models.lora import TARGETS, LoRAParam, delta, merge_adapters, scale
 from sagc_jax.train.loop import Trainer
 from sagc_jax.train.lora_base import base_identity, check_same_base

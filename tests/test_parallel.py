@@ -21,7 +21,7 @@ from jax.sharding import AbstractMesh, PartitionSpec
 from sagc_jax.config import ConfigError, MeshConfig, load_config
 from sagc_jax.models import axes as ax
 from sagc_jax.parallel import RULES, initialize, mesh_shape
-from sagc_jax.train.loop import check_batch_shapes
+from sagc_jax.train.shapes import check_batch_shapes
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent

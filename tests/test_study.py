@@ -1,4 +1,4 @@
-"""The statistics of a controller study (train/study.py) on hand-made logs."""
+"""The statistics of a controller study (analysis/study.py) on hand-made logs."""
 
 import math
 
@@ -6,10 +6,8 @@ import numpy as np
 import pytest
 from helpers import band_limits, capture_figures, delta_lines, legend_labels
 
-from sagc_jax.config import SimConfig
-from sagc_jax.sim import StepTimer
-from sagc_jax.train.report import plot_runs
-from sagc_jax.train.study import (
+from sagc_jax.analysis.run_report import plot_runs
+from sagc_jax.analysis.study import (
     calibration_measures,
     format_paired,
     format_rows,
@@ -22,6 +20,8 @@ from sagc_jax.train.study import (
     t_quantile,
     time_to_accuracy,
 )
+from sagc_jax.config import SimConfig
+from sagc_jax.sim import StepTimer
 
 TIMER = StepTimer(SimConfig(hardware="custom"))
 
@@ -247,3 +247,14 @@ def test_report_plots_name_candidates_and_draw_delta(tmp_path, monkeypatch):
     (post_ax,) = figures["posterior_mean.png"].axes
     assert legend_labels(post_ax) == ["run rung 0", "run rung 1", "run rung 2"]
     assert delta_lines(figures["straggler_rate.png"].axes[0]) == []
+
+
+def test_the_trainer_never_imports_the_analysis():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import sagc_jax.train.loop, sagc_jax.train.sft, sagc_jax.train.plan; "
+        "bad = [m for m in sys.modules if m.startswith('sagc_jax.analysis')]; assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

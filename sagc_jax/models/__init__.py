@@ -1,6 +1,6 @@
 """Policy model: Llama/Qwen2 decoder, KV cache, presets, HF checkpoints in and out, tokenizer."""
 
-from sagc_jax.models.config import PRESETS, DecoderConfig, Llama3RopeScaling, get_preset
+from sagc_jax.models.architecture import PRESETS, DecoderConfig, Llama3RopeScaling, get_preset
 from sagc_jax.models.decoder import Decoder, KVCache, init_cache, num_params
 from sagc_jax.models.hf_checkpoint import (
     CheckpointMismatchError,

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sagc_jax.models import axes as ax
-from sagc_jax.models.config import DecoderConfig
+from sagc_jax.models.architecture import DecoderConfig
 from sagc_jax.models.layers import MLP, Attention, RMSNorm
 
 

@@ -21,7 +21,7 @@ import safetensors.flax
 from flax import nnx
 
 from sagc_jax.config import ConfigError
-from sagc_jax.models.config import DecoderConfig
+from sagc_jax.models.architecture import DecoderConfig
 from sagc_jax.models.decoder import Decoder
 from sagc_jax.models.files import read_json
 

@@ -19,7 +19,7 @@ import jax
 from flax import nnx
 
 from sagc_jax.models import lora
-from sagc_jax.models.config import DecoderConfig
+from sagc_jax.models.architecture import DecoderConfig
 from sagc_jax.models.hf_checkpoint import RULES, TRANSFORMS, save_hf_params, write_safetensors
 
 # Base weight's transform -> (A's, B's): A shares W's input side, B its output side.

@@ -15,7 +15,7 @@ from flax import nnx
 
 from sagc_jax.models import axes as ax
 from sagc_jax.models import lora
-from sagc_jax.models.config import ATTENTION_PATHS, DecoderConfig, Llama3RopeScaling
+from sagc_jax.models.architecture import ATTENTION_PATHS, DecoderConfig, Llama3RopeScaling
 
 # Finite, so that a query row with every key masked (a left-padding slot) stays NaN-free.
 _MASKED = -0.7 * float(np.finfo(np.float32).max)

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sagc_jax.models import axes as ax
-from sagc_jax.models.config import DecoderConfig
+from sagc_jax.models.architecture import DecoderConfig
 
 # flax's LoRA variable type (a subclass of nnx.Param): ``nnx.split(model, LoRAParam, ...)``
 # separates the adapters from the weights they adapt (and Tunix/qwix filters recognise them).
@@ -39,7 +39,7 @@ class Target(NamedTuple):
     b: str  # [R, out dims...]
 
 
-# By Hugging Face / PEFT module name (models.config.LORA_TARGETS).
+# By Hugging Face / PEFT module name (models.architecture.LORA_TARGETS).
 TARGETS = {
     "q_proj": Target("attn", "q_dnh", "q_lora_a_dr", "q_lora_b_rnh"),
     "k_proj": Target("attn", "k_dkh", "k_lora_a_dr", "k_lora_b_rkh"),

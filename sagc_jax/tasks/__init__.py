@@ -2,6 +2,7 @@
 the reward registry. Pure Python and numpy: never imports jax (math-verify and pyarrow load
 lazily, only when a symbolic comparison or a Parquet file needs them)."""
 
+from sagc_jax.tasks.chars import DEFAULT_ALPHABET, CharTokenizer, encode_sft_batch
 from sagc_jax.tasks.datasets import REQUIRED_FIELDS, DatasetError, Example, load_dataset
 from sagc_jax.tasks.math_checker import (
     extract_answer,
@@ -24,7 +25,6 @@ from sagc_jax.tasks.rewards import (
     synthetic_reward,
 )
 from sagc_jax.tasks.synthetic import SPLITS, Problem, SyntheticTask, check_running_sum
-from sagc_jax.tasks.tokenizer import DEFAULT_ALPHABET, CharTokenizer, encode_sft_batch
 
 __all__ = [
     "BUILTIN_REWARDS",

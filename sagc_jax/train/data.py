@@ -280,7 +280,7 @@ def model_limits(cfg: Config) -> tuple[int, int, str]:
 
         hf = read_hf_config(m.hf_checkpoint)  # one line naming the file if it is bad
         name = f"model.hf_checkpoint {m.hf_checkpoint}"
-        # the defaults of models.config.DecoderConfig.from_hf_config (0: no vocabulary check)
+        # the defaults of models.architecture.DecoderConfig.from_hf_config (0: no vocabulary check)
         return int(hf.get("max_position_embeddings", 2048)), int(hf.get("vocab_size", 0)), name
     from sagc_jax.models import get_preset
 

@@ -41,8 +41,7 @@ from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
 from sagc_jax.train.faults import StopRequest, crash_point, phase, resume_hint
 from sagc_jax.train.hooks import Hooks, itstime
 from sagc_jax.train.lora_base import base_identity, check_same_base
-from sagc_jax.train.metrics import MetricsWriter
-from sagc_jax.train.optim import make_optimizer
+from sagc_jax.train.metrics import MetricsWriter, read_metrics, summarize
 from sagc_jax.train.packing import (
     pack_update_batch,
     packed_rows_needed,
@@ -56,132 +55,21 @@ from sagc_jax.train.policy import (
     load_run_params,
 )
 from sagc_jax.train.preflight import check_device_memory, check_free_space
-from sagc_jax.train.programs import PolicyPrograms, StateShardings, UpdateSettings, batch_spec
-from sagc_jax.train.report import read_metrics, summarize
+from sagc_jax.train.programs import PolicyPrograms, StateShardings, batch_spec
 from sagc_jax.train.rollout import Rollouts, generate
 from sagc_jax.train.runlock import RunDirError, RunLock
+from sagc_jax.train.shapes import (
+    check_batch_shapes,
+    check_hybrid,
+    make_trainer_optimizer,
+    prompts_for,
+    rollout_shapes,
+    update_settings,
+)
 
 # The hybrid controller's per-prompt table: its state keys whose arrays (one row per prompt) are
 # saved as an Orbax item padded to controller.hybrid.capacity rows, not in the JSON meta.
 PROMPT_TABLE = "predictor_table_"
-
-
-def prompts_for(cfg: Config, group_size: int) -> int:
-    """Prompts per step at group size G: fixed, or a fixed rollout budget divided by G."""
-    if cfg.train.batch_mode == "prompts":
-        return cfg.train.prompts_per_step
-    return cfg.train.rollout_budget // group_size
-
-
-def per_prompt_budget(cfg: Config) -> int:
-    """The fixed rollout rows of a hybrid ``per_prompt`` step (0: none, the rows are P x G)."""
-    c = cfg.controller
-    if c.kind == "hybrid" and c.hybrid.mode == "per_prompt":
-        return c.hybrid.rollout_budget
-    return 0
-
-
-def rollout_shapes(cfg: Config, candidates: tuple[int, ...]) -> dict[str, int]:
-    """Rollout rows of every batch shape a step can sample, by label (one sampler program each):
-    a fixed per-prompt budget is one shape, else one per candidate G."""
-    budget = per_prompt_budget(cfg)
-    if budget:
-        return {f"B={budget}": budget}
-    return {f"G={g}": prompts_for(cfg, g) * g for g in candidates}
-
-
-def check_hybrid(cfg: Config, processes: int = 1) -> None:
-    """What the hybrid controller needs of the run beyond its config (``Config.check`` has the
-    rest): per-prompt group sizes in one process only."""
-    c = cfg.controller
-    if c.kind == "hybrid" and c.hybrid.mode == "per_prompt" and processes > 1:
-        raise ConfigError(
-            f"controller.hybrid.mode = per_prompt trains in one process only ({processes} "
-            f"running): the processes' prompts would need unequal rows; use mode = step"
-        )
-
-
-def check_batch_shapes(
-    cfg: Config, candidates: tuple[int, ...], batch_shards: int = 1, processes: int = 1
-) -> None:
-    """Every candidate G must give a batch the update can split into (micro)batches, the mesh
-    into equal row shards and the processes into equal shares of whole groups."""
-    t = cfg.train
-    parts = t.minibatches * t.microbatches
-    if batch_shards % processes:
-        raise ConfigError(
-            f"mesh.data x mesh.fsdp = {batch_shards} batch shards is not a multiple of the "
-            f"{processes} processes: every process must hold its own rows"
-        )
-    budget = per_prompt_budget(cfg)
-    if budget:
-        candidates = ()  # one fixed batch of rows, whatever the sizes
-        if budget % (parts * batch_shards):
-            raise ConfigError(
-                f"controller.hybrid.rollout_budget = {budget} rollouts cannot be split into "
-                f"train.minibatches x train.microbatches = {parts} (micro)batches of rows the "
-                f"{batch_shards} batch shards of the mesh divide"
-            )
-    for g in candidates:
-        if t.batch_mode == "budget" and t.rollout_budget % g:
-            raise ConfigError(
-                f"train.rollout_budget = {t.rollout_budget} is not divisible by G = {g} "
-                f"(controller candidates {list(candidates)})"
-            )
-        prompts = prompts_for(cfg, g)
-        if prompts < 1 or (prompts * g) % parts:
-            raise ConfigError(
-                f"at G = {g} a step has {prompts * g} rollouts, which train.minibatches x "
-                f"train.microbatches = {parts} does not divide"
-            )
-        if (prompts * g) % (parts * batch_shards):
-            raise ConfigError(
-                f"at G = {g} a step has {prompts * g} rollouts, {prompts * g // parts} per "
-                f"microbatch, which the {batch_shards} batch shards of the mesh (mesh.data x "
-                f"mesh.fsdp) do not divide; change train.minibatches / train.microbatches or "
-                f"the batch size"
-            )
-        if prompts % processes:
-            raise ConfigError(
-                f"at G = {g} a step has {prompts} prompts, which {processes} processes cannot "
-                f"share evenly (train.prompts_per_step / train.rollout_budget)"
-            )
-
-
-def update_settings(cfg: Config) -> UpdateSettings:
-    """The static settings of the update program for ``cfg``."""
-    t = cfg.train
-    return UpdateSettings(
-        aggregation=ALGORITHMS[cfg.loss.algorithm][0],
-        eps_low=cfg.loss.eps_low,
-        eps_high=cfg.loss.eps_high,
-        kl_beta=cfg.loss.kl_beta,
-        # the sampler reports log_softmax(logits) when greedy (temperature 0)
-        temperature=cfg.sampling.temperature if cfg.sampling.temperature > 0 else 1.0,
-        max_new_tokens=cfg.sampling.max_new_tokens,
-        epochs=t.epochs,
-        minibatches=t.minibatches,
-        microbatches=t.microbatches,
-        lora_dropout=cfg.model.lora_dropout if cfg.model.lora_rank else 0.0,
-    )
-
-
-def make_trainer_optimizer(cfg: Config):
-    """The run's optimizer (its schedule counts optimizer updates over the whole run)."""
-    t = cfg.train
-    return make_optimizer(
-        t.learning_rate,
-        total_steps=t.steps * t.epochs * t.minibatches,
-        warmup_steps=t.warmup_steps,
-        schedule=t.lr_schedule,
-        weight_decay=t.weight_decay,
-        max_grad_norm=t.max_grad_norm,
-        b1=t.adam_b1,
-        b2=t.adam_b2,
-        state_dtype=t.optimizer_dtype,
-        # LoRA trains only the adapters, which are float32 (models.lora): no master copy
-        param_dtype="float32" if cfg.model.lora_rank else cfg.model.param_dtype,
-    )
 
 
 class TrainingDiverged(RuntimeError):

@@ -1,4 +1,5 @@
-"""Per-step metrics: one JSONL line (the simulator's replay format) and TensorBoard scalars."""
+"""Per-step metrics: one JSONL line (the simulator's replay format) and TensorBoard scalars,
+written; and read back (``read_metrics``) into the run's summary (``summarize``)."""
 
 from __future__ import annotations
 
@@ -93,3 +94,44 @@ class MetricsWriter:
             self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+
+
+# ---------------------------------------------------------------------- reading it back
+
+
+def read_metrics(run_dir: str | Path) -> tuple[list[dict], list[dict]]:
+    """(step records, evaluation records) of a run; a torn last line (crash) is ignored."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir}: no metrics.jsonl (is it a sagc-jax train run?)")
+    steps, evals = [], []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "group_size" in record:
+            steps.append(record)
+        if "eval/accuracy" in record:
+            evals.append(record)
+    return steps, evals
+
+
+def summarize(steps: list[dict], evals: list[dict]) -> dict:
+    """One row over every step logged (all segments of a resumed run): wall-clock, rollout
+    share, straggler rate, mean G, lengths, and the last evaluation's ``eval/*`` values."""
+    if not steps:
+        return {"steps": 0}
+    step_s = np.array([r["time/step_s"] for r in steps])
+    rollout_s = np.array([r["time/rollout_s"] for r in steps])
+    last = evals[-1] if evals else {}
+    return {
+        "steps": int(steps[-1]["step"]),
+        "wall_clock_s": float(step_s.sum()),
+        "rollout_share": float(rollout_s.sum() / max(step_s.sum(), 1e-9)),
+        "straggler_rate": float(np.mean([r["controller/s_t"] for r in steps])),
+        "mean_G": float(np.mean([r["group_size"] for r in steps])),
+        "mean_length": float(np.mean([r["length/mean"] for r in steps])),
+        "reward": float(np.mean([r["reward"] for r in steps[-10:]])),
+        **{k: float(v) for k, v in last.items() if k.startswith("eval/") and v is not None},
+    }

@@ -36,10 +36,10 @@ from sagc_jax.sim.roofline import (
 )
 from sagc_jax.sim.steptime import StepTimer
 from sagc_jax.tasks import CharTokenizer
-from sagc_jax.train.loop import make_trainer_optimizer, prompts_for, update_settings
 from sagc_jax.train.packing import resolve_pack_len
 from sagc_jax.train.policy import preset_architecture
 from sagc_jax.train.programs import batch_spec, packed_batch_spec, packed_rows_loss, rows_loss
+from sagc_jax.train.shapes import make_trainer_optimizer, prompts_for, update_settings
 
 GIB = 1024**3
 

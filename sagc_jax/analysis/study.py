@@ -23,10 +23,10 @@ import math
 
 import numpy as np
 
+from sagc_jax.analysis.run_report import candidate_labels, figure_writer
 from sagc_jax.config import parse_controller_spec
 from sagc_jax.sim.report import PRICE_TITLE, delta_line
 from sagc_jax.sim.steptime import REGIMES, StepTimer
-from sagc_jax.train.report import candidate_labels, figure_writer
 
 # Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom (then the normal's).
 _T_975 = (

@@ -1,6 +1,6 @@
 """``sagc-jax compare``: the same task, warm start, seeds and step budget under each controller,
 one run after the other on the same machine, summarised with 95% confidence intervals over seeds
-and paired differences (``train.study``)."""
+and paired differences (``analysis.study``)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import csv
 import signal
 from pathlib import Path
 
+from sagc_jax.analysis.study import CALIBRATION, format_paired, format_rows, plot_study, study
 from sagc_jax.config import Config, from_dict, parse_controller_spec, to_dict
 from sagc_jax.train.faults import Interrupted, phase, resume_hint
 from sagc_jax.train.loop import Trainer
+from sagc_jax.train.metrics import read_metrics
 from sagc_jax.train.plan import step_timer
-from sagc_jax.train.report import read_metrics
-from sagc_jax.train.study import CALIBRATION, format_paired, format_rows, plot_study, study
 
 
 def run_config(cfg: Config, spec: str, seed: int, steps: int | None) -> Config:
