@@ -164,7 +164,7 @@ def _print_summary(title: str, summary: dict, out_dir: Path) -> None:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from sagc_jax.train.runlock import RunLock
+    from sagc_jax.train.safety.runlock import RunLock
 
     cfg = load_config(args.config, args.overrides)
     out_dir = _run_dir(cfg, args.config, "sft")
@@ -175,10 +175,10 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def _sft_locked(args: argparse.Namespace, cfg: Config, out_dir: Path) -> int:
     from flax import nnx
 
-    from sagc_jax.train.data import make_source
+    from sagc_jax.tasks.source import make_source
     from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
-    from sagc_jax.train.faults import phase, resume_hint
     from sagc_jax.train.policy import build_model
+    from sagc_jax.train.safety.faults import phase, resume_hint
     from sagc_jax.train.sft import run_sft, set_aside, sft_progress
 
     if args.force:
@@ -215,7 +215,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return _supervise_train(cfg, args)
     # before any device use
     initialize(args.coordinator, args.num_processes, args.process_id, args.peer_timeout)
-    from sagc_jax.train.faults import received
+    from sagc_jax.train.safety.faults import received
 
     run: dict = {}  # the run directory and the trainer, once they exist
     watch = watch_peers(args.peer_timeout, lambda what: _peer_lost_line(run, what))
@@ -269,7 +269,7 @@ def _peer_lost_line(run: dict, what: str) -> str:
     """The line a surviving process prints when another process of the run died or failed:
     which one, the last sealed checkpoint, how to resume. Releases the run lock first (process
     0 holds it) since the process exits without cleaning up."""
-    from sagc_jax.train.checkpoint import INTEGRITY_FILE
+    from sagc_jax.train.safety.checkpoint import INTEGRITY_FILE
 
     if (trainer := run.get("trainer")) is not None:
         with contextlib.suppress(Exception):
@@ -292,8 +292,8 @@ def _train(cfg: Config, args: argparse.Namespace, run: dict) -> int:
     import jax
 
     from sagc_jax.parallel import is_leader
-    from sagc_jax.train.faults import resume_hint
     from sagc_jax.train.loop import Trainer, TrainingDiverged
+    from sagc_jax.train.safety.faults import resume_hint
 
     if jax.process_count() > 1 and not cfg.logging.run_dir:
         raise UserError(
@@ -372,7 +372,7 @@ def _what_next(cfg: Config, out_dir: Path) -> str:
 def _saved_run_config(run: Path) -> tuple[dict, int]:
     """(the config saved with the newest verified checkpoint of ``run``, its step)."""
     from sagc_jax.config import from_dict
-    from sagc_jax.train.checkpoint import newest_verified_meta
+    from sagc_jax.train.safety.checkpoint import newest_verified_meta
 
     if not (run / "checkpoints").is_dir():
         raise UserError(f"{run}: no checkpoints/ directory; --checkpoint takes a run directory")
@@ -389,11 +389,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from flax import nnx
 
     from sagc_jax.config import changed_keys, config_differences, config_over_saved
-    from sagc_jax.train.data import make_source
+    from sagc_jax.tasks.source import make_source
     from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
     from sagc_jax.train.export import merged_run_params
-    from sagc_jax.train.faults import phase
     from sagc_jax.train.policy import build_model, build_tokenizer, load_run_params
+    from sagc_jax.train.safety.faults import phase
 
     run = args.checkpoint
     saved, step = _saved_run_config(run)
@@ -445,7 +445,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.devices is not None and args.devices < 1:
         raise UserError(f"--devices {args.devices}: must be >= 1")
     if cfg.sampling.prompt_buckets == "auto":  # the longest bucket comes from the data
-        from sagc_jax.train.data import make_source, with_resolved_buckets
+        from sagc_jax.tasks.source import make_source, with_resolved_buckets
         from sagc_jax.train.policy import build_tokenizer
 
         tokenizer = build_tokenizer(cfg) if cfg.data.task != "synthetic" else None
@@ -455,7 +455,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     devices = args.devices or jax.device_count()
     memory = args.device_memory
     if memory is None and args.devices is None:  # planning for this machine's devices
-        from sagc_jax.train.preflight import device_memory
+        from sagc_jax.train.safety.preflight import device_memory
 
         memory = device_memory()[0] / 1024**3  # on CPU: the host's, shared by its devices
     if args.lora_compare is not None:
@@ -501,7 +501,7 @@ def _run_ladder_and_budget(run: Path) -> tuple[tuple[int, ...], float | None]:
 
     if not (run / "checkpoints").is_dir():
         return (), None
-    from sagc_jax.train.checkpoint import CheckpointStore
+    from sagc_jax.train.safety.checkpoint import CheckpointStore
 
     store = CheckpointStore(run / "checkpoints", async_save=False)
     try:
@@ -794,9 +794,9 @@ def _bad_input_errors() -> tuple[type[Exception], ...]:
     from sagc_jax.tasks import DatasetError, RewardError
 
     errors: tuple[type[Exception], ...] = (ConfigError, UserError, DatasetError, RewardError)
-    if "sagc_jax.train.checkpoint" in sys.modules:  # only loaded by commands that read runs
-        from sagc_jax.train.checkpoint import CheckpointError
-        from sagc_jax.train.runlock import RunDirError
+    if "sagc_jax.train.safety.checkpoint" in sys.modules:  # only loaded by commands that read runs
+        from sagc_jax.train.safety.checkpoint import CheckpointError
+        from sagc_jax.train.safety.runlock import RunDirError
 
         errors += (CheckpointError, RunDirError)
     if "sagc_jax.models" in sys.modules:  # only loaded by commands that build a model
@@ -808,8 +808,8 @@ def _bad_input_errors() -> tuple[type[Exception], ...]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand. SIGINT/SIGTERM end it with one line on stderr and exit code 128 +
-    the signal number (130, 143), whatever it was doing (see ``sagc_jax.train.faults``)."""
-    from sagc_jax.train.faults import Interrupted, received, stop_signals
+    the signal number (130, 143), whatever it was doing (see ``sagc_jax.train.safety.faults``)."""
+    from sagc_jax.train.safety.faults import Interrupted, received, stop_signals
 
     args = build_parser().parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else list(argv)  # what a supervised child reruns

@@ -23,8 +23,8 @@ from helpers import sets
 from orbax.checkpoint._src.handlers.json_checkpoint_handler import JsonCheckpointHandler
 
 from sagc_jax.cli import main
-from sagc_jax.train import checkpoint
-from sagc_jax.train.checkpoint import CheckpointError, CheckpointStore, space_errno
+from sagc_jax.train.safety import checkpoint
+from sagc_jax.train.safety.checkpoint import CheckpointError, CheckpointStore, space_errno
 
 TINY = [*TRAIN_TINY, "logging.tensorboard=false", "train.checkpoint_every=2"]
 TENSORSTORE_ENOSPC = (
@@ -177,7 +177,7 @@ REAL_DISK = textwrap.dedent(
 
     import numpy as np
 
-    from sagc_jax.train.checkpoint import CheckpointError, CheckpointStore
+    from sagc_jax.train.safety.checkpoint import CheckpointError, CheckpointStore
 
     ckpt = Path(sys.argv[1]) / "ckpt"
     store = CheckpointStore(ckpt)

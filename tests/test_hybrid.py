@@ -443,7 +443,7 @@ def trainer_config(*overrides):
 
 
 def test_synthetic_prompt_pool_is_revisited_every_epoch_in_a_seeded_order():
-    from sagc_jax.train.data import SyntheticSource
+    from sagc_jax.tasks.source import SyntheticSource
 
     def ids(cfg, steps, shard=0, shards=1):
         source = SyntheticSource(cfg, shard_index=shard, num_shards=shards, log=lambda _: None)
@@ -474,7 +474,7 @@ def test_synthetic_prompt_pool_is_revisited_every_epoch_in_a_seeded_order():
 def test_dataset_prompt_ids_are_row_indices(tmp_path):
     from helpers import write_word_tokenizer
 
-    from sagc_jax.train.data import DatasetSource
+    from sagc_jax.tasks.source import DatasetSource
     from sagc_jax.train.policy import build_tokenizer
 
     write_word_tokenizer(tmp_path / "tok")

@@ -245,7 +245,7 @@ def test_no_limit_calls_the_function_itself(user_rewards):
 def test_a_reward_that_hangs_mid_run_stops_it_and_keeps_the_checkpoint(
     user_rewards, tmp_path, capsys, monkeypatch
 ):
-    from sagc_jax.train.checkpoint import CheckpointStore
+    from sagc_jax.train.safety.checkpoint import CheckpointStore
 
     monkeypatch.setenv("SAGC_TEST_REWARD_LOG", str(tmp_path / "calls"))
     run = tmp_path / "run"

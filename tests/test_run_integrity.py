@@ -16,9 +16,9 @@ from helpers import sets, tree_digest
 
 from sagc_jax.cli import main
 from sagc_jax.config import load_config
-from sagc_jax.train.checkpoint import INTEGRITY_FILE, CheckpointError, CheckpointStore
 from sagc_jax.train.loop import Trainer
-from sagc_jax.train.runlock import LOCK_FILE, RunLock
+from sagc_jax.train.safety.checkpoint import INTEGRITY_FILE, CheckpointError, CheckpointStore
+from sagc_jax.train.safety.runlock import LOCK_FILE, RunLock
 
 TINY = [*TRAIN_TINY, "logging.tensorboard=false", "train.async_checkpoint=false"]
 SIX_STEPS = [*TINY, "train.steps=6", "train.checkpoint_every=2", "train.keep_checkpoints=3"]
@@ -124,8 +124,8 @@ def test_store_never_writes_nonfinite_values_and_rotates_only_sealed_steps(tmp_p
 def test_reading_another_runs_checkpoints_deletes_none_of_them(tmp_path):
     """train.init_checkpoint, eval, export and report open another run's checkpoints: a run that
     keeps five keeps its five (a reader used to rotate them to the default three on close)."""
-    from sagc_jax.train.checkpoint import newest_verified_meta
     from sagc_jax.train.policy import load_run_params
+    from sagc_jax.train.safety.checkpoint import newest_verified_meta
 
     writer = CheckpointStore(tmp_path / "checkpoints", keep=5, async_save=False)
     params = {"w": np.ones(3, np.float32)}

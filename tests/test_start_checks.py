@@ -1,4 +1,4 @@
-"""What a run checks before it builds anything costly (train/preflight.py, train/runlock.py):
+"""What a run checks before it builds anything costly (train/safety: preflight.py, runlock.py):
 the run directory is writable, a checkpoint fits its disk, the largest candidate G fits the
 device; a refused start leaves no directory behind and a finished run no lock file. Each test is
 a row of the Reliability table in docs/reliability.md."""
@@ -11,8 +11,8 @@ from helpers import TINY, sets
 
 import sagc_jax.train.loop as loop
 from sagc_jax.cli import main
-from sagc_jax.train import checkpoint, runlock
-from sagc_jax.train.runlock import LOCK_FILE
+from sagc_jax.train.safety import checkpoint, runlock
+from sagc_jax.train.safety.runlock import LOCK_FILE
 
 FAST = [*TINY, "logging.tensorboard=false", "train.async_checkpoint=false", "train.steps=2"]
 

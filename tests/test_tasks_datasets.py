@@ -146,7 +146,7 @@ def dataset_source(tmp_path, path, *overrides, log=None, shard=(0, 1)):
 
     from sagc_jax.config import load_config
     from sagc_jax.models import Tokenizer
-    from sagc_jax.train.data import make_source
+    from sagc_jax.tasks.source import make_source
 
     tok_dir = tmp_path / "tok"
     if not tok_dir.exists():
@@ -239,7 +239,7 @@ def test_auto_buckets_from_the_data_and_from_the_synthetic_task(tmp_path):
     from helpers import TINY
 
     from sagc_jax.config import load_config
-    from sagc_jax.train.data import auto_buckets, make_source, with_resolved_buckets
+    from sagc_jax.tasks.source import auto_buckets, make_source, with_resolved_buckets
 
     path = write_jsonl(tmp_path / "d.jsonl", sums([5, 61, 20]))
     held = write_jsonl(tmp_path / "held.jsonl", sums([150, 9]))
@@ -271,7 +271,7 @@ def test_synthetic_prompts_must_fit_the_largest_bucket():
     from helpers import TINY
 
     from sagc_jax.config import ConfigError, load_config
-    from sagc_jax.train.data import make_source
+    from sagc_jax.tasks.source import make_source
 
     cfg = load_config(None, [*TINY, "data.max_terms=8", "data.max_digits=2"])
     with pytest.raises(ConfigError, match="synthetic prompts reach 25 tokens .* at most 16 fit"):

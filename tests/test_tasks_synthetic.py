@@ -175,7 +175,7 @@ def test_uncapped_problems_are_unchanged():
 
 def _source(*overrides):
     from sagc_jax.config import load_config
-    from sagc_jax.train.data import make_source
+    from sagc_jax.tasks.source import make_source
 
     base = ["model.preset=tiny", "sampling.max_new_tokens=32", "sampling.prompt_buckets=auto"]
     cfg = load_config(None, [*base, "data.min_terms=2", "data.max_terms=10", *overrides])
@@ -221,7 +221,7 @@ def test_the_experiment_workload_keeps_its_length_promises():
     group straggle; rambling warm-start traces run to the cap; the curriculum lengthens the
     training completions over the run while held-out problems keep the full range."""
     from sagc_jax.config import load_config
-    from sagc_jax.train.data import SyntheticSource
+    from sagc_jax.tasks.source import SyntheticSource
     from sagc_jax.train.sft import ramble
 
     cfg = load_config("configs/experiments/straggler.yaml", [])
@@ -245,7 +245,7 @@ def test_the_experiment_workload_keeps_its_length_promises():
 
 def test_recheck_traces_score_right_and_have_a_geometric_tail():
     from sagc_jax.config import load_config
-    from sagc_jax.train.data import SyntheticSource
+    from sagc_jax.tasks.source import SyntheticSource
     from sagc_jax.train.sft import recheck, sft_batch
 
     assert recheck("3>8>0#0", 2, 48) == "3>8>0=3>8>0=3>8>0#0"

@@ -23,7 +23,6 @@ from sagc_jax.models.hf_checkpoint import hf_architecture, save_hf_params
 from sagc_jax.models.hf_lora import save_merged, save_peft_adapters
 from sagc_jax.models.lora import LoRAParam
 from sagc_jax.tasks import CharTokenizer
-from sagc_jax.train.checkpoint import CheckpointStore, newest_verified_meta
 from sagc_jax.train.lora_base import base_identity, check_same_base
 from sagc_jax.train.policy import (
     build_model,
@@ -31,6 +30,7 @@ from sagc_jax.train.policy import (
     load_run_params,
     preset_architecture,
 )
+from sagc_jax.train.safety.checkpoint import CheckpointStore, newest_verified_meta
 
 # What transformers' AutoTokenizer reads from a model directory (those the tokenizer has).
 TOKENIZER_FILES = (

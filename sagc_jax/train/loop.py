@@ -35,10 +35,8 @@ from sagc_jax.rl import (
     overlong_penalty,
 )
 from sagc_jax.sampling.padding import bucket_length
-from sagc_jax.train.checkpoint import CheckpointStore
-from sagc_jax.train.data import data_identity, make_source, with_resolved_buckets
+from sagc_jax.tasks.source import data_identity, make_source, with_resolved_buckets
 from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
-from sagc_jax.train.faults import StopRequest, crash_point, phase, resume_hint
 from sagc_jax.train.hooks import Hooks, itstime
 from sagc_jax.train.lora_base import base_identity, check_same_base
 from sagc_jax.train.metrics import MetricsWriter, read_metrics, summarize
@@ -54,10 +52,12 @@ from sagc_jax.train.policy import (
     build_tokenizer,
     load_run_params,
 )
-from sagc_jax.train.preflight import check_device_memory, check_free_space
 from sagc_jax.train.programs import PolicyPrograms, StateShardings, batch_spec
 from sagc_jax.train.rollout import Rollouts, generate
-from sagc_jax.train.runlock import RunDirError, RunLock
+from sagc_jax.train.safety.checkpoint import CheckpointStore
+from sagc_jax.train.safety.faults import StopRequest, crash_point, phase, resume_hint
+from sagc_jax.train.safety.preflight import check_device_memory, check_free_space
+from sagc_jax.train.safety.runlock import RunDirError, RunLock
 from sagc_jax.train.shapes import (
     check_batch_shapes,
     check_hybrid,

@@ -17,7 +17,7 @@ import hashlib
 from pathlib import Path
 
 from sagc_jax.config import Config, ConfigError
-from sagc_jax.train.checkpoint import INTEGRITY_FILE, CheckpointStore
+from sagc_jax.train.safety.checkpoint import INTEGRITY_FILE, CheckpointStore
 
 
 def _sha256(path: Path) -> str:

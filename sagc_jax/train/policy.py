@@ -14,7 +14,7 @@ from sagc_jax.models import Decoder, DecoderConfig, Tokenizer, get_preset, load_
 from sagc_jax.models.lora import LoRAParam
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.tasks import CharTokenizer
-from sagc_jax.train.checkpoint import CheckpointStore
+from sagc_jax.train.safety.checkpoint import CheckpointStore
 
 
 def build_tokenizer(cfg: Config):

@@ -15,7 +15,7 @@ import numpy as np
 from sagc_jax.parallel import gather_rows
 from sagc_jax.sampling.padding import left_pad
 from sagc_jax.tasks import score_batch
-from sagc_jax.train.data import Prompt
+from sagc_jax.tasks.source import Prompt
 
 
 @dataclasses.dataclass

@@ -27,9 +27,9 @@ from flax import nnx
 
 from sagc_jax.config import Config, ConfigError, changed_keys, to_dict
 from sagc_jax.tasks import encode_sft_batch
-from sagc_jax.train.checkpoint import CheckpointStore, newest_verified_meta
-from sagc_jax.train.faults import Interrupted, StopRequest, crash_point, phase, resume_hint
 from sagc_jax.train.optim import make_optimizer
+from sagc_jax.train.safety.checkpoint import CheckpointStore, newest_verified_meta
+from sagc_jax.train.safety.faults import Interrupted, StopRequest, crash_point, phase, resume_hint
 
 
 def sft_loss(model, tokens_bt, loss_mask_bt):

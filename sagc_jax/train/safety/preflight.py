@@ -10,8 +10,8 @@ from pathlib import Path
 import jax
 
 from sagc_jax.config import Config, ConfigError
-from sagc_jax.train import checkpoint
-from sagc_jax.train.runlock import RunDirError
+from sagc_jax.train.safety import checkpoint
+from sagc_jax.train.safety.runlock import RunDirError
 
 GIB = 1024**3
 

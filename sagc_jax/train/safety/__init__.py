@@ -1,0 +1,5 @@
+"""Run safety: what keeps a run's work when something goes wrong. ``checkpoint`` (sealed,
+verified Orbax checkpoints, rotation, the disk-space checks), ``runlock`` (one writer per run
+directory), ``preflight`` (the run directory, free space and device memory checked before
+anything is built), ``faults`` (stop signals, the one-line messages of a phase that failed,
+fault injection for tests)."""
