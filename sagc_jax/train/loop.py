@@ -13,6 +13,7 @@ uninterrupted one would.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import math
 import time
@@ -70,6 +71,24 @@ from sagc_jax.train.shapes import (
 # The hybrid controller's per-prompt table: its state keys whose arrays (one row per prompt) are
 # saved as an Orbax item padded to controller.hybrid.capacity rows, not in the JSON meta.
 PROMPT_TABLE = "predictor_table_"
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """What one train step produced, this process's rows (:meth:`Trainer.record` makes the log
+    line of it)."""
+
+    group_size: int | np.ndarray  # G, or int64 [P] per-prompt sizes (hybrid per_prompt)
+    batch: Rollouts  # the rows trained on (informative groups of every round)
+    rounds: list[Rollouts]  # every sampling round, as sampled
+    used_rounds: int
+    update_rows: int  # packed rows (or one per rollout, unpacked)
+    rewards: np.ndarray  # float32 [N] shaped rewards of ``batch``
+    zero_variance_p: np.ndarray  # bool [P] groups whose rewards were all equal
+    update: dict[str, float]  # the update program's metrics
+    controller: dict[str, Any]  # what the controller observed
+    lengths: np.ndarray  # int [all rows] completion lengths, every process's, every round
+    clock: dict[str, float]  # when the stages ended: start, sampled, packed, updated, end
 
 
 class TrainingDiverged(RuntimeError):
@@ -414,9 +433,10 @@ class Trainer:
             loss.overlong_penalty,
         )
 
-    def train_step(self) -> dict[str, Any]:
+    def train_step(self) -> StepResult:
         """One GRPO/DAPO step, as its stages: choose G (or per-prompt sizes) -> sample (and
-        score) -> shape rewards -> advantages -> update batch -> update -> observe -> record."""
+        score) -> shape rewards -> advantages -> update batch -> update -> observe. What it
+        produced becomes the step's log line through :meth:`record`."""
         clock = {"start": time.perf_counter()}
         g = self._agreed_group_size()
         rollout_key, update_key = jax.random.split(jax.random.fold_in(self.root_key, self.step))
@@ -434,18 +454,18 @@ class Trainer:
         ctrl, lengths = self._observe(rounds)
         self.step += 1
         clock["end"] = time.perf_counter()
-        return self._record(
+        return StepResult(
             g,
             batch,
             rounds,
             used_rounds,
-            update_rows=update_rows,
-            rewards=rewards,
-            zero_variance_p=zero_variance_p,
-            upd=upd,
-            ctrl=ctrl,
-            lengths=lengths,
-            clock=clock,
+            update_rows,
+            rewards,
+            zero_variance_p,
+            upd,
+            ctrl,
+            lengths,
+            clock,
         )
 
     def _advantages(
@@ -527,23 +547,17 @@ class Trainer:
         )
         return ctrl, lengths
 
-    def _record(
-        self,
-        g,
-        batch,
-        rounds,
-        used_rounds,
-        *,
-        update_rows,
-        rewards,
-        zero_variance_p,
-        upd,
-        ctrl,
-        lengths,
-        clock,
-    ) -> dict[str, Any]:
-        """The step's metrics (one JSONL line), over every process's rows; ``clock`` holds the
-        times the stages ended (``start``, ``sampled``, ``packed``, ``updated``, ``end``)."""
+    def record(self, step: StepResult) -> dict[str, Any]:
+        """The step's metrics (one JSONL line, docs/metrics.md), over every process's rows (a
+        collective: every process calls it)."""
+        g, batch, rounds, used_rounds = step.group_size, step.batch, step.rounds, step.used_rounds
+        rewards, zero_variance_p, upd, ctrl = (
+            step.rewards,
+            step.zero_variance_p,
+            step.update,
+            step.controller,
+        )
+        lengths, clock, update_rows = step.lengths, step.clock, step.update_rows
         all_rounds = Rollouts.concat(rounds)
         rewards = gather_rows(rewards)
         local_counts = np.array(
@@ -685,7 +699,7 @@ class Trainer:
         with StopRequest() as stop:
             hooks = self._hooks(stop, bar)
             while self.step < total_steps and not self.interrupted:
-                record = self.train_step()  # advances self.step
+                record = self.record(self.train_step())  # advances self.step
                 hooks(self.step, record)
         if bar is not None:
             bar.close()
