@@ -15,6 +15,7 @@ import torch
 import transformers
 from flax import nnx
 from helpers import TINY, sets, write_word_tokenizer
+from hf_tiny import COMMON, forward, hf_logits, randomize
 
 from sagc_jax.cli import main
 from sagc_jax.config import load_config
@@ -23,16 +24,6 @@ from sagc_jax.models.hf_lora import save_merged, save_peft_adapters
 from sagc_jax.tasks import CharTokenizer
 from sagc_jax.train.loop import Trainer
 
-COMMON = dict(
-    vocab_size=97,
-    hidden_size=32,
-    intermediate_size=56,
-    num_hidden_layers=2,
-    max_position_embeddings=128,
-    rms_norm_eps=1e-5,
-    bos_token_id=1,
-    eos_token_id=2,
-)
 CASES = {
     # GQA, untied embeddings, every projection adapted
     "llama": (
@@ -51,29 +42,6 @@ CASES = {
 }
 TOKENS_BT = np.random.RandomState(0).randint(0, COMMON["vocab_size"], (2, 16)).astype(np.int32)
 RANK, ALPHA = 4, 8.0
-
-
-def _randomize(model: torch.nn.Module, seed: int) -> None:
-    """Weights of unit-scale activations (HF's std-0.02 init gives near-zero logits)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=gen))
-            elif name.endswith("bias"):
-                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
-
-
-def _hf_logits(model, tokens_bt) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.as_tensor(tokens_bt, dtype=torch.long)).logits.float().numpy()
-
-
-@nnx.jit
-def _forward(model, tokens_bt):
-    return model(tokens_bt)
 
 
 def _adapted_model(base_dir: str, targets: tuple[str, ...], seed: int) -> Decoder:
@@ -100,7 +68,7 @@ def exported(request, tmp_path_factory):
     config_cls, model_cls, kwargs, targets = CASES[request.param]
     torch.manual_seed(0)
     hf_model = model_cls(config_cls(**COMMON, **kwargs)).eval()
-    _randomize(hf_model, seed=1)
+    randomize(hf_model, seed=1)
     root = tmp_path_factory.mktemp(request.param)
     base_dir, adapter_dir, merged_dir = (str(root / d) for d in ("base", "adapter", "merged"))
     hf_model.save_pretrained(base_dir)
@@ -109,12 +77,12 @@ def exported(request, tmp_path_factory):
     save_peft_adapters(adapters, model.config, adapter_dir, base=base_dir)
     save_merged(base, adapters, model.config, merged_dir)
     return dict(
-        logits=np.asarray(_forward(model, jnp.asarray(TOKENS_BT))),
+        logits=np.asarray(forward(model, jnp.asarray(TOKENS_BT))),
         base_dir=base_dir,
         adapter_dir=adapter_dir,
         merged_dir=merged_dir,
         model_cls=model_cls,
-        base_logits=_hf_logits(hf_model, TOKENS_BT),
+        base_logits=hf_logits(hf_model, TOKENS_BT),
         name=request.param,
     )
 
@@ -123,14 +91,14 @@ def test_peft_loads_the_adapters_and_agrees_with_the_merged_export(exported):
     base = exported["model_cls"].from_pretrained(exported["base_dir"]).eval()
     peft_model = peft.PeftModel.from_pretrained(base, exported["adapter_dir"]).eval()
     assert isinstance(peft_model.peft_config["default"], peft.LoraConfig)
-    want_btv = _hf_logits(peft_model, TOKENS_BT)
+    want_btv = hf_logits(peft_model, TOKENS_BT)
     # the adapters change the logits (so the comparisons below can fail)
     assert np.abs(want_btv - exported["base_logits"]).max() > 0.5, exported["name"]
 
     merged_hf = transformers.AutoModelForCausalLM.from_pretrained(exported["merged_dir"]).eval()
-    assert np.abs(_hf_logits(merged_hf, TOKENS_BT) - want_btv).max() <= 1e-4
+    assert np.abs(hf_logits(merged_hf, TOKENS_BT) - want_btv).max() <= 1e-4
     merged, _ = load_hf_checkpoint(exported["merged_dir"])
-    got_btv = np.asarray(_forward(merged, jnp.asarray(TOKENS_BT)))
+    got_btv = np.asarray(forward(merged, jnp.asarray(TOKENS_BT)))
     assert np.abs(got_btv - want_btv).max() <= 1e-4, exported["name"]
     # and our adapted model (the adapters unmerged) computes the same
     assert np.abs(exported["logits"] - want_btv).max() <= 1e-4, exported["name"]
@@ -169,7 +137,7 @@ def _adapted_logits(overrides: list[str], tokens_bt) -> np.ndarray:
     trainer = Trainer(load_config(None, overrides), overrides[-1].split("=", 1)[1])
     trainer.close()
     model = nnx.merge(trainer.graphdef, trainer.params, trainer.base)
-    return np.asarray(_forward(model, jnp.asarray(tokens_bt)))
+    return np.asarray(forward(model, jnp.asarray(tokens_bt)))
 
 
 def test_export_of_a_lora_run_over_an_hf_checkpoint(tmp_path, capsys, length_reward):
@@ -177,7 +145,7 @@ def test_export_of_a_lora_run_over_an_hf_checkpoint(tmp_path, capsys, length_rew
     the tokenizer comes along; --adapters-only writes the PEFT layout alone."""
     config_cls, model_cls, kwargs, _ = CASES["llama"]
     hf_model = model_cls(config_cls(**COMMON, **kwargs)).eval()
-    _randomize(hf_model, seed=1)
+    randomize(hf_model, seed=1)
     hf_model.save_pretrained(tmp_path / "hf")
     write_word_tokenizer(tmp_path / "tok")
     rows = [
@@ -200,12 +168,12 @@ def test_export_of_a_lora_run_over_an_hf_checkpoint(tmp_path, capsys, length_rew
 
     want_btv = _adapted_logits(run, TOKENS_BT)
     # one update moved the adapters' B off zero: the checks below can fail
-    assert np.abs(want_btv - _hf_logits(hf_model, TOKENS_BT)).max() > 1e-3
+    assert np.abs(want_btv - hf_logits(hf_model, TOKENS_BT)).max() > 1e-3
     merged = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-    assert np.abs(_hf_logits(merged, TOKENS_BT) - want_btv).max() <= 1e-4
+    assert np.abs(hf_logits(merged, TOKENS_BT) - want_btv).max() <= 1e-4
     base = model_cls.from_pretrained(tmp_path / "hf").eval()
     peft_model = peft.PeftModel.from_pretrained(base, out / "adapter").eval()
-    assert np.abs(_hf_logits(peft_model, TOKENS_BT) - want_btv).max() <= 1e-4
+    assert np.abs(hf_logits(peft_model, TOKENS_BT) - want_btv).max() <= 1e-4
     hf_tok = transformers.AutoTokenizer.from_pretrained(out)
     assert hf_tok("what is 1 plus 2")["input_ids"][-5:] == [4, 5, 12, 6, 13]
 
@@ -227,11 +195,11 @@ def test_export_of_a_lora_run_over_a_preset_writes_its_base(tmp_path, capsys, le
     tokens_bt = TOKENS_BT % CharTokenizer().vocab_size  # the synthetic task's vocabulary
     want_btv = _adapted_logits(run, tokens_bt)
     merged = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-    assert np.abs(_hf_logits(merged, tokens_bt) - want_btv).max() <= 1e-4
+    assert np.abs(hf_logits(merged, tokens_bt) - want_btv).max() <= 1e-4
     base = transformers.AutoModelForCausalLM.from_pretrained(out / "base").eval()
-    assert np.abs(_hf_logits(base, tokens_bt) - want_btv).max() > 1e-3
+    assert np.abs(hf_logits(base, tokens_bt) - want_btv).max() > 1e-3
     peft_model = peft.PeftModel.from_pretrained(base, out / "adapter").eval()
-    assert np.abs(_hf_logits(peft_model, tokens_bt) - want_btv).max() <= 1e-4
+    assert np.abs(hf_logits(peft_model, tokens_bt) - want_btv).max() <= 1e-4
     # eval samples the same merged weights (the base rebuilt, the adapters merged in)
     assert main(["eval", "--checkpoint", str(tmp_path / "run"), "--num", "4"]) == 0
     assert "eval/accuracy=" in capsys.readouterr().out
@@ -251,9 +219,9 @@ def test_export_of_a_full_fine_tuning_run_and_one_line_errors(tmp_path, capsys):
     trainer = Trainer(load_config(None, run), tmp_path / "run")
     trainer.close()
     tokens_bt = TOKENS_BT % CharTokenizer().vocab_size
-    want_btv = np.asarray(_forward(nnx.merge(trainer.graphdef, trainer.params), tokens_bt))
+    want_btv = np.asarray(forward(nnx.merge(trainer.graphdef, trainer.params), tokens_bt))
     merged = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-    assert np.abs(_hf_logits(merged, tokens_bt) - want_btv).max() <= 1e-4
+    assert np.abs(hf_logits(merged, tokens_bt) - want_btv).max() <= 1e-4
 
     capsys.readouterr()  # transformers' loading bars
     shutil.copytree(tmp_path / "run", tmp_path / "stopped")

@@ -10,6 +10,7 @@ import safetensors.numpy
 import torch
 import transformers
 from flax import nnx
+from hf_tiny import COMMON, forward, hf_logits, randomize
 
 from sagc_jax.models import (
     CheckpointMismatchError,
@@ -26,16 +27,6 @@ LLAMA3_ROPE = {
     # Short, so that the 24-token test sequences reach the scaled frequency bands.
     "original_max_position_embeddings": 16,
 }
-COMMON = dict(
-    vocab_size=97,
-    hidden_size=32,
-    intermediate_size=56,
-    num_hidden_layers=2,
-    max_position_embeddings=128,
-    rms_norm_eps=1e-5,
-    bos_token_id=1,
-    eos_token_id=2,
-)
 CASES = {
     # GQA (4 q heads on 2 kv heads), untied embeddings, llama3 rope scaling.
     "llama_gqa_untied_llama3": (
@@ -70,45 +61,22 @@ CASES = {
 TOKENS_BT = np.random.RandomState(0).randint(0, COMMON["vocab_size"], (2, 24)).astype(np.int32)
 
 
-def _randomize(model: torch.nn.Module, seed: int) -> None:
-    """Weights of unit-scale activations (HF's std-0.02 init gives near-zero logits)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=gen))
-            elif name.endswith("bias"):
-                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
-
-
-def _hf_logits(model, tokens_bt) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.as_tensor(tokens_bt, dtype=torch.long)).logits.float().numpy()
-
-
-@nnx.jit
-def _forward(model, tokens_bt):
-    return model(tokens_bt)
-
-
 @pytest.fixture(scope="module", params=sorted(CASES))
 def hf_case(request, tmp_path_factory):
     """(directory of a saved random transformers model, its logits on TOKENS_BT, case name)."""
     config_cls, model_cls, kwargs = CASES[request.param]
     torch.manual_seed(0)
     model = model_cls(config_cls(**COMMON, **kwargs)).eval()
-    _randomize(model, seed=1)
+    randomize(model, seed=1)
     path = str(tmp_path_factory.mktemp(request.param))
     model.save_pretrained(path)
-    return path, _hf_logits(model, TOKENS_BT), request.param
+    return path, hf_logits(model, TOKENS_BT), request.param
 
 
 def test_logits_match_transformers(hf_case):
     path, want_btv, name = hf_case
     model, cfg = load_hf_checkpoint(path)
-    got_btv = _forward(model, jnp.asarray(TOKENS_BT))
+    got_btv = forward(model, jnp.asarray(TOKENS_BT))
     assert got_btv.dtype == jnp.float32 and got_btv.shape == want_btv.shape
     assert np.abs(want_btv).max() > 1.0  # a comparison of meaningful logits
     assert np.abs(np.asarray(got_btv) - want_btv).max() <= 1e-4, name
@@ -122,11 +90,11 @@ def test_export_round_trip_loads_in_transformers(hf_case, tmp_path):
     model, cfg = load_hf_checkpoint(path)
     save_hf_checkpoint(model, cfg, str(tmp_path))
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path)).eval()
-    assert np.abs(_hf_logits(hf_model, TOKENS_BT) - want_btv).max() <= 1e-4, name
+    assert np.abs(hf_logits(hf_model, TOKENS_BT) - want_btv).max() <= 1e-4, name
     reloaded, cfg2 = load_hf_checkpoint(str(tmp_path))
     assert cfg2 == cfg
     np.testing.assert_array_equal(
-        _forward(reloaded, jnp.asarray(TOKENS_BT)), _forward(model, jnp.asarray(TOKENS_BT))
+        forward(reloaded, jnp.asarray(TOKENS_BT)), forward(model, jnp.asarray(TOKENS_BT))
     )
 
 
@@ -150,7 +118,7 @@ def test_bfloat16_load_keeps_float32_logits_close(hf_case):
     model, cfg = load_hf_checkpoint(path, dtype="bfloat16")
     assert cfg.param_dtype == cfg.compute_dtype == "bfloat16"
     assert model.embed_vd[...].dtype == jnp.bfloat16
-    got_btv = np.asarray(_forward(model, jnp.asarray(TOKENS_BT)))
+    got_btv = np.asarray(forward(model, jnp.asarray(TOKENS_BT)))
     assert got_btv.dtype == np.float32
     # bf16 has 8 mantissa bits: a few percent of the logit scale, far from random.
     assert np.abs(got_btv - want_btv).max() < 0.1 * np.abs(want_btv).max()
@@ -163,12 +131,12 @@ def test_sharded_checkpoints_both_ways(hf_case, tmp_path):
     hf_model.save_pretrained(str(tmp_path / "hf_sharded"), max_shard_size="20KB")
     assert os.path.exists(tmp_path / "hf_sharded" / "model.safetensors.index.json")
     model, cfg = load_hf_checkpoint(str(tmp_path / "hf_sharded"))
-    assert np.abs(np.asarray(_forward(model, jnp.asarray(TOKENS_BT))) - want_btv).max() <= 1e-4
+    assert np.abs(np.asarray(forward(model, jnp.asarray(TOKENS_BT))) - want_btv).max() <= 1e-4
     save_hf_checkpoint(model, cfg, str(tmp_path / "ours_sharded"), max_shard_bytes=20_000)
     with open(tmp_path / "ours_sharded" / "model.safetensors.index.json") as f:
         assert len(set(json.load(f)["weight_map"].values())) > 1
     hf_again = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "ours_sharded"))
-    assert np.abs(_hf_logits(hf_again.eval(), TOKENS_BT) - want_btv).max() <= 1e-4
+    assert np.abs(hf_logits(hf_again.eval(), TOKENS_BT) - want_btv).max() <= 1e-4
 
 
 # ---------------------------------------------------------------------- errors
