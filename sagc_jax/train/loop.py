@@ -38,7 +38,7 @@ from sagc_jax.rl import (
 from sagc_jax.sampling.padding import bucket_length
 from sagc_jax.tasks.source import data_identity, make_source, with_resolved_buckets
 from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
-from sagc_jax.train.hooks import Hooks, itstime
+from sagc_jax.train.hooks import Hooks, ProgressBar, itstime
 from sagc_jax.train.lora_base import base_identity, check_same_base
 from sagc_jax.train.metrics import MetricsWriter, read_metrics, summarize
 from sagc_jax.train.packing import (
@@ -691,18 +691,24 @@ class Trainer:
                 self.compile_ahead(log=print if self.leader else lambda _: None)
         bar = None
         if progress and self.leader:
-            from tqdm import tqdm
 
-            bar = tqdm(
-                total=total_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True
-            )
-        with StopRequest() as stop:
-            hooks = self._hooks(stop, bar)
-            while self.step < total_steps and not self.interrupted:
-                record = self.record(self.train_step())  # advances self.step
-                hooks(self.step, record)
-        if bar is not None:
-            bar.close()
+            def postfix(step: int, record: dict) -> dict:
+                rate = self.controller.straggler_sum / max(self.controller.step, 1)
+                return {
+                    "G": record["group_size"],
+                    "reward": f"{record['reward']:.2f}",
+                    "strag": f"{rate:.2f}",
+                }
+
+            bar = ProgressBar("train", total_steps, self.step, postfix)
+        try:
+            with StopRequest() as stop:
+                hooks = self._hooks(stop, bar)
+                hooks.run(self.step, lambda _: self.record(self.train_step()))  # advances step
+        finally:
+            if bar is not None:
+                bar.close()
+        self.interrupted = hooks.stopped
         self.store.wait()
         return {
             **self.summary(),
@@ -715,7 +721,7 @@ class Trainer:
         steps, evals = read_metrics(self.run_dir) if self.leader else ([], [])
         return summarize(steps, evals)
 
-    def _hooks(self, stop: StopRequest, bar) -> Hooks:
+    def _hooks(self, stop: StopRequest, bar: ProgressBar | None) -> Hooks:
         """What runs after each step, in order: evaluation, the log line and progress bar, the
         divergence check, sealing finished checkpoints, saving one (and stopping) when due."""
         t = self.cfg.train
@@ -727,12 +733,6 @@ class Trainer:
 
         def log(step, record):
             self.writer.write(step, record, self.controller.candidates)
-            if bar is not None:
-                rate = self.controller.straggler_sum / max(self.controller.step, 1)
-                bar.set_postfix(
-                    G=record["group_size"], reward=f"{record['reward']:.2f}", strag=f"{rate:.2f}"
-                )
-                bar.update(1)
 
         norms: collections.deque = collections.deque(maxlen=t.spike_window)
 
@@ -788,10 +788,12 @@ class Trainer:
                 self.save()
                 last_save = time.perf_counter()
             if stopping:
-                self.interrupted = stop.name
+                hooks.stop(stop.name)
 
         hooks.add(evaluate, every=t.eval_every)
         hooks.add(log)
+        if bar is not None:
+            hooks.add(bar)
         hooks.add(check_spike)
         hooks.add(check_divergence)
         hooks.add(checkpoint)

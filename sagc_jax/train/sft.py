@@ -27,6 +27,7 @@ from flax import nnx
 
 from sagc_jax.config import Config, ConfigError, changed_keys, to_dict
 from sagc_jax.tasks import encode_sft_batch
+from sagc_jax.train.hooks import Hooks, ProgressBar, itstime
 from sagc_jax.train.optim import make_optimizer
 from sagc_jax.train.safety.checkpoint import CheckpointStore, newest_verified_meta
 from sagc_jax.train.safety.faults import Interrupted, StopRequest, crash_point, phase, resume_hint
@@ -165,7 +166,9 @@ def run_sft(cfg: Config, trainer_parts, run_dir: Path, progress: bool = True) ->
 
 
 def _train(cfg: Config, store, step_fn, params, opt_state, source, width, progress) -> dict:
-    """The step loop of `run_sft` from the latest checkpoint of ``store``."""
+    """The step loop of `run_sft` from the latest checkpoint of ``store``, on the hooks of the
+    GRPO loop: the progress bar, then the checkpoint (every ``sft.checkpoint_every`` steps, at
+    the end, and at a stop request, which then ends the run)."""
     s = cfg.sft
     run_dir = store.directory.parent
     start, loss = 0, math.nan
@@ -182,49 +185,55 @@ def _train(cfg: Config, store, step_fn, params, opt_state, source, width, progre
         start, items, meta = restored
         params, opt_state, loss = items["params"], items["opt_state"], meta["loss"]
 
-    def save(step: int) -> None:
-        meta = {
-            "step": step,
-            "config": to_dict(cfg),
-            "finished": step == s.steps,  # what train.init_checkpoint may start from
-            "loss": loss,
-        }
-        store.save(step, {"params": params, "opt_state": opt_state}, meta)
+    def sft_step(step: int) -> dict:
+        nonlocal params, opt_state
+        crash_point("sft", step)
+        tokens_bt, mask_bt = sft_batch(cfg, source, step, width)
+        params, opt_state, step_loss = step_fn(params, opt_state, tokens_bt, mask_bt)
+        return {"loss": step_loss}  # on the device: read only when shown or saved
 
+    hooks = Hooks(s.steps)
     bar = None
     if progress:
-        from tqdm import tqdm
 
-        bar = tqdm(total=s.steps, initial=start, desc="sft", unit="step", dynamic_ncols=True)
+        def shown_loss(step: int, record: dict) -> dict | None:
+            if step % 10 == 1 or step == s.steps:
+                return {"loss": f"{float(record['loss']):.3f}"}
+            return None
+
+        bar = ProgressBar("sft", s.steps, start, shown_loss)
+        hooks.add(bar)
+
+    def checkpoint(step: int, record: dict) -> None:
+        nonlocal loss
+        stopping = stop.should_stop(step)
+        if stopping or itstime(step, s.checkpoint_every, s.steps):
+            loss = float(record["loss"])
+            meta = {
+                "step": step,
+                "config": to_dict(cfg),
+                "finished": step == s.steps,  # what train.init_checkpoint may start from
+                "loss": loss,
+            }
+            store.save(step, {"params": params, "opt_state": opt_state}, meta)
+        if stopping:
+            hooks.stop(stop.name)
+
+    hooks.add(checkpoint)
     t0 = time.perf_counter()
-    done = start
     try:
         with StopRequest() as stop:
-            for step in range(start, s.steps):
-                crash_point("sft", step)
-                tokens_bt, mask_bt = sft_batch(cfg, source, step, width)
-                params, opt_state, loss_ = step_fn(params, opt_state, tokens_bt, mask_bt)
-                done = step + 1
-                if bar is not None and (step % 10 == 0 or done == s.steps):
-                    bar.set_postfix(loss=f"{float(loss_):.3f}")
-                if bar is not None:
-                    bar.update(1)
-                stopping = stop.should_stop(done)
-                every = s.checkpoint_every
-                if done == s.steps or stopping or (every and done % every == 0):
-                    loss = float(loss_)
-                    save(done)
-                if stopping:
-                    store.wait()
-                    raise Interrupted(
-                        stop.signum,
-                        f"training, after step {done} of {s.steps}",
-                        f"checkpoint of step {done} saved in {run_dir}; "
-                        f"{resume_hint(cfg, run_dir)}",
-                    )
+            done = hooks.run(start, sft_step)
     finally:
         if bar is not None:
             bar.close()
+    if hooks.stopped:
+        store.wait()
+        raise Interrupted(
+            stop.signum,
+            f"training, after step {done} of {s.steps}",
+            f"checkpoint of step {done} saved in {run_dir}; {resume_hint(cfg, run_dir)}",
+        )
     return {
         "steps": s.steps,
         "steps_run": done - start,
