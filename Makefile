@@ -59,8 +59,11 @@ experiment: $(STAMP)
 	$(STUDY) --seeds 5 --set data.prompt_pool=128 --set controller.hybrid.rollout_budget=128 \
 		--set logging.run_dir=$(EXPERIMENT_DIR)/pool-budget --controllers fixed:8,hybrid:per_prompt
 
+# The whole suite, one worker per core (pytest-xdist), a test file's tests on one worker so that
+# its fixtures are built once. tests/conftest.py gives every test and subprocess one persistent
+# XLA compilation cache.
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --dist loadfile
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sagc_jax tests benchmarks

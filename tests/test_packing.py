@@ -327,6 +327,25 @@ def test_one_update_program_per_rung():
     assert programs.compiled_programs()["update"] == len(set(rungs)) < 6
 
 
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda b: {**b, "adv": b["adv"][:, None] * b["mask"]}, "adv"),  # per token: [N, L]
+        (lambda b: {**b, "mask": b["mask"].astype(np.int32)}, "int32"),
+        (lambda b: {**b, "old_logp": b["old_logp"][:, :-1]}, "old_logp"),
+    ],
+    ids=["advantage per token", "integer mask", "ragged log-probs"],
+)
+def test_an_update_batch_off_its_spec_is_refused(change, message):
+    """The update checks its batch against ``batch_spec`` when traced."""
+    graphdef, params = tiny_policy()
+    tx = optax.sgd(0.1)
+    programs = PolicyPrograms(graphdef, tx)
+    batch = change(rollouts(4, seed=3))
+    with pytest.raises(AssertionError, match=message):
+        programs.update(params, tx.init(params), batch, jax.random.key(0), settings("seq_mean"))
+
+
 # ---------------------------------------------------------------------- on a mesh
 
 

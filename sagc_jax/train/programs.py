@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 from typing import Any
 
+import chex
 import jax
 import jax.numpy as jnp
 import optax
@@ -299,6 +300,12 @@ class PolicyPrograms:
         packed = "segment_ids" in batch
         keys, chunk_loss = (PACKED_KEYS, packed_rows_loss) if packed else (BATCH_KEYS, rows_loss)
         n = batch["mask"].shape[0]
+        # the batch's contract, checked when traced: its spec's shapes and dtypes, row for row
+        if packed:
+            spec = packed_batch_spec(n, batch["tokens"].shape[1])
+        else:
+            spec = batch_spec(n, batch["prompt_ids"].shape[1], batch["mask"].shape[1])
+        chex.assert_trees_all_equal_shapes_and_dtypes({k: batch[k] for k in keys}, spec)
         mb, micro = settings.minibatches, settings.microbatches
         mb_rows, micro_rows = n // mb, n // (mb * micro)
         # Every mini-batch is normalised by its share of the whole-batch denominator, so the
