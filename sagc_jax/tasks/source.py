@@ -44,6 +44,24 @@ class PromptSource:
     shard_index: int = 0
     num_shards: int = 1
 
+    def _keep_run_settings(
+        self, cfg: Config, task_reward: str, rounds_per_step: int, shard_index: int, num_shards: int
+    ) -> None:
+        """What every source keeps of the run: its reward function (``task_reward`` when
+        data.reward is 'auto'), the rollout rounds of a step, its shard, the data order's seed."""
+        d = cfg.data
+        self.reward_fn = resolve_reward(
+            task_reward if d.reward == "auto" else d.reward,
+            timeout_s=d.math_timeout_s,
+            batch_timeout_s=d.math_batch_timeout_s,
+            workers=d.math_workers,
+            reward_timeout_s=d.reward_timeout_s,
+        )
+        self.rounds_per_step = rounds_per_step
+        self.shard_index, self.num_shards = shard_index, num_shards
+        self.seed = d.seed
+        self._orders: dict[int, np.ndarray] = {}
+
     def _train_prompt(self, position: int, step: int) -> Prompt:
         """The training prompt at data ``position``, drawn for training step ``step`` (a source
         may use the step, e.g. for a curriculum; the prompt stays a function of both)."""
@@ -93,18 +111,8 @@ class SyntheticSource(PromptSource):
         self.curriculum_steps = d.curriculum_steps
         self.curriculum_start_terms = d.curriculum_start_terms
         self.prompt_pool = d.prompt_pool
-        self.seed = d.seed
-        self._orders: dict[int, np.ndarray] = {}
         self.tokenizer = CharTokenizer()
-        self.reward_fn = resolve_reward(
-            "synthetic" if d.reward == "auto" else d.reward,
-            timeout_s=d.math_timeout_s,
-            batch_timeout_s=d.math_batch_timeout_s,
-            workers=d.math_workers,
-            reward_timeout_s=d.reward_timeout_s,
-        )
-        self.rounds_per_step = rounds_per_step
-        self.shard_index, self.num_shards = shard_index, num_shards
+        self._keep_run_settings(cfg, "synthetic", rounds_per_step, shard_index, num_shards)
         # Prompts are bounded by construction: bos, then every term's digits and a sign after it.
         longest = 1 + self.task.max_prompt_chars()
         shortest = 1 + d.min_terms * (d.min_digits + 1)
@@ -189,17 +197,7 @@ class DatasetSource(PromptSource):
         if shard_index == 0:  # every process knows the same: one says it
             for note in dict.fromkeys(notes):  # the held-out rows may be the training file's
                 log(note)
-        self.reward_fn = resolve_reward(
-            "math" if d.reward == "auto" else d.reward,
-            timeout_s=d.math_timeout_s,
-            batch_timeout_s=d.math_batch_timeout_s,
-            workers=d.math_workers,
-            reward_timeout_s=d.reward_timeout_s,
-        )
-        self.rounds_per_step = rounds_per_step
-        self.shard_index, self.num_shards = shard_index, num_shards
-        self.seed = d.seed
-        self._orders: dict[int, np.ndarray] = {}
+        self._keep_run_settings(cfg, "math", rounds_per_step, shard_index, num_shards)
 
     def _first_position(self, step: int, round_: int, num_prompts: int) -> int:
         return (step * self.rounds_per_step + round_) * (num_prompts // self.num_shards)
