@@ -24,7 +24,7 @@ from sagc_jax.config import Config, ConfigError, load_config, reference_markdown
 
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3  # training stopped: too many non-finite updates in a row
-# 4 (sagc_jax.parallel.distributed.EXIT_PEER_LOST): another process of the run died or failed
+# 4 (sagc_jax.parallel.supervisor.EXIT_PEER_LOST): another process of the run died or failed
 
 
 class UserError(Exception):
@@ -207,12 +207,14 @@ def _sft_locked(args: argparse.Namespace, cfg: Config, out_dir: Path) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from sagc_jax.parallel import initialize, supervisor, watch_peers
-    from sagc_jax.parallel.distributed import DONE, FAILED, STOPPED
+    from sagc_jax.parallel import supervisor  # the supervising parent imports no jax
 
     cfg = load_config(args.config, args.overrides)
     if _multi_process(args) and not supervisor.is_child():
         return _supervise_train(cfg, args)
+    from sagc_jax.parallel import initialize, watch_peers
+    from sagc_jax.parallel.distributed import DONE, FAILED, STOPPED
+
     # before any device use
     initialize(args.coordinator, args.num_processes, args.process_id, args.peer_timeout)
     from sagc_jax.train.safety.faults import received

@@ -35,10 +35,10 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from sagc_jax.config import ConfigError
+from sagc_jax.parallel.supervisor import EXIT_PEER_LOST
 
 ENV_VARS = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
 PEER_TIMEOUT_S = 10.0  # --peer-timeout: seconds without a beat after which a process is dead
-EXIT_PEER_LOST = 4  # exit code of the survivors of a process that died or stopped
 
 
 def initialize(

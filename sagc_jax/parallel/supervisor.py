@@ -28,8 +28,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 
-from sagc_jax.parallel.distributed import EXIT_PEER_LOST
-
+EXIT_PEER_LOST = 4  # exit code of the survivors of a process that died or stopped
 CHILD_ENV = "SAGC_JAX_RANK_CHILD"  # set in the child: it trains instead of supervising
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # The runtime's first line once the coordination service fails: a glog warning, error or fatal
