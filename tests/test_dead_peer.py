@@ -204,6 +204,19 @@ def test_the_supervisor_passes_output_through_and_replaces_only_the_runtimes_abo
     )
 
 
+def test_the_supervising_parent_imports_no_jax():
+    """The parent of a rank only passes output through: the CLI and the supervisor load no jax
+    (2 s of CPU per process launched, and the memory, saved)."""
+    code = (
+        "import sys; import sagc_jax.cli, sagc_jax.parallel.supervisor; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('jax', 'flax', 'optax')]; "
+        "assert not bad, bad[:5]"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
+
+
 def test_the_supervisor_forwards_a_signal_once_and_keeps_the_childs_exit_code(capfd):
     # the child (its handler in place) signals the supervisor, which forwards the signal to it
     # once; the child ends with 128 + 15 per signal seen, and the supervisor returns that code
