@@ -391,9 +391,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from flax import nnx
 
     from sagc_jax.config import changed_keys, config_differences, config_over_saved
+    from sagc_jax.export import merged_run_params
     from sagc_jax.tasks.source import make_source
     from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
-    from sagc_jax.train.export import merged_run_params
     from sagc_jax.train.policy import build_model, build_tokenizer, load_run_params
     from sagc_jax.train.safety.faults import phase
 
@@ -542,7 +542,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from sagc_jax.train.export import export_run
+    from sagc_jax.export import export_run
 
     export_run(
         args.run_dir, args.out_dir, adapters_only=args.adapters_only, unfinished_ok=args.unfinished
