@@ -7,7 +7,8 @@ loaded afterwards, in this run and in later ones; the executables are the compil
 result changes. The cache is the user's, like pip's (``~/.cache/sagc-jax/xla``, or
 ``$XDG_CACHE_HOME``), shared by every clone on the machine and bounded to 2 GiB (the least
 recently used programs go). An explicit ``JAX_COMPILATION_CACHE_DIR`` wins; pointing it at an
-empty folder times the suite from a cold start.
+empty folder times the suite from a cold start. ``tests/sitecustomize.py`` lets every process
+of a multi-process test write its own programs there, not only process 0.
 """
 
 import os

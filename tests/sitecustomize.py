@@ -16,6 +16,17 @@ import inspect
 import sys
 import warnings
 
+# jax 0.10's ``_cache_write(cache_key, compile_time_secs, module_name, backend, executable,
+# host_callbacks)``
+_KNOWN = (
+    "cache_key",
+    "compile_time_secs",
+    "module_name",
+    "backend",
+    "executable",
+    "host_callbacks",
+)
+
 
 def _write_from_every_process(compiler) -> None:
     """Wrap ``jax._src.compiler._cache_write``; leaves it alone if its shape is not the one known
@@ -23,29 +34,22 @@ def _write_from_every_process(compiler) -> None:
     from jax._src import compilation_cache, distributed
 
     original = getattr(compiler, "_cache_write", None)
-    if original is None:
-        return
-    signature = inspect.signature(original)
-    needed = {"cache_key", "compile_time_secs", "module_name", "backend", "executable"}
-    if not needed <= signature.parameters.keys() or "host_callbacks" not in signature.parameters:
+    if original is None or tuple(inspect.signature(original).parameters) != _KNOWN:
         return
 
-    def cache_write(*args, **kwargs):
-        call = signature.bind(*args, **kwargs).arguments
-        if distributed.global_state.process_id in (None, 0) or call["host_callbacks"]:
-            return original(*args, **kwargs)
-        if call["compile_time_secs"] < compiler.config.persistent_cache_min_compile_time_secs.value:
+    def cache_write(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks):
+        if distributed.global_state.process_id in (None, 0) or host_callbacks:
+            return original(
+                cache_key, compile_time_secs, module_name, backend, executable, host_callbacks
+            )
+        if compile_time_secs < compiler.config.persistent_cache_min_compile_time_secs.value:
             return None
         try:
             compilation_cache.put_executable_and_time(
-                call["cache_key"],
-                call["module_name"],
-                call["executable"],
-                call["backend"],
-                int(call["compile_time_secs"]),
+                cache_key, module_name, executable, backend, int(compile_time_secs)
             )
         except Exception as err:  # as JAX does: a cache that cannot be written only warns
-            what = f"{call['module_name']}: {type(err).__name__}: {err}"
+            what = f"{module_name}: {type(err).__name__}: {err}"
             warnings.warn(f"not cached: {what}", stacklevel=2)
         return None
 
