@@ -332,9 +332,9 @@ for mesh in (MeshConfig(data=2, fsdp=1), MeshConfig(data=1, fsdp=2)):
         np.testing.assert_array_equal(a.tokens_bt, b.tokens_bt)
         np.testing.assert_allclose(a.logprobs_bt, b.logprobs_bt, atol=1e-5)
     assert sharded.compiled_programs() == 1
-    # The cache the program starts from is split by rows (its 4-byte index replicated).
+    # The cache the program starts from is split by rows (its per-row index too).
     one = bytes_per_device(plain.empty_cache(4, 10))
-    assert bytes_per_device(sharded.empty_cache(4, 10)) * 2 - 4 == one, one
+    assert bytes_per_device(sharded.empty_cache(4, 10)) * 2 == one, one
 # Rows 0-1 end at their first token, rows 2-3 later: early exit follows the slowest row.
 _, a = run(plain, state, temperature=0.0)
 stop = Sampler(plain.graphdef, plain.config, eos_ids=tuple(a.tokens_bt[:2, 0]), decode_chunk=3,

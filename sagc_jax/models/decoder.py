@@ -30,7 +30,8 @@ class KVCache(NamedTuple):
     k_lbkhs: tuple (one per layer) of keys [B, K, H, S] in the compute dtype.
     v_lbksh: tuple (one per layer) of values [B, K, S, H] in the compute dtype.
     start_b: int32 [B], first valid slot of each row (prompts are left-padded).
-    index: int32 scalar, the slot the next token is written to.
+    index: int32 scalar, the slot the next token is written to; or int32 [B], one per row (rows
+        at different points of their completions, one new token each).
     """
 
     k_lbkhs: tuple[jax.Array, ...]
@@ -193,16 +194,20 @@ class Decoder(nnx.Module):
         """Runs T new tokens per row at slots [cache.index, cache.index + T).
 
         Returns float32 logits [B, T, V] ([B, 1, V] if `last_only`, which a prefill wants) and
-        the cache with the new keys/values written and `index` advanced by T.
+        the cache with the new keys/values written and `index` advanced by T. A per-row
+        `index` [B] takes T = 1 (decode).
         """
-        t = tokens_bt.shape[1]
+        b, t = tokens_bt.shape
         s = cache.v_lbksh[0].shape[2]
-        slots_t = cache.index + jnp.arange(t, dtype=jnp.int32)
+        if cache.index.ndim == 1 and t != 1:
+            raise ValueError(f"a per-row cache index takes one token per row, not {t}")
+        index_b1 = jnp.broadcast_to(cache.index, (b,))[:, None]
+        slots_bt = index_b1 + jnp.arange(t, dtype=jnp.int32)[None, :]
         key_slots_s = jnp.arange(s, dtype=jnp.int32)
-        mask_bts = (key_slots_s[None, None, :] <= slots_t[None, :, None]) & (
+        mask_bts = (key_slots_s[None, None, :] <= slots_bt[:, :, None]) & (
             key_slots_s[None, None, :] >= cache.start_b[:, None, None]
         )
-        positions_bt = jnp.maximum(slots_t[None, :] - cache.start_b[:, None], 0)
+        positions_bt = jnp.maximum(slots_bt - cache.start_b[:, None], 0)
         x_btd = self.embed(tokens_bt)
         new_k, new_v = [], []
         for block, k_bkhs, v_bksh in zip(self.layers, cache.k_lbkhs, cache.v_lbksh, strict=True):

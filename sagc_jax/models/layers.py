@@ -259,7 +259,8 @@ class Attention(nnx.Module):
 
         Without a cache, S = T and attention is causal within equal `segment_ids_bt` [B, T]
         (see `attend`). With a cache, the new keys and values are written at slots
-        [cache_index, cache_index + T) and `mask_bts` covers all S cache slots.
+        [cache_index, cache_index + T) (a scalar, or int32 [B] with T = 1: one slot per row) and
+        `mask_bts` covers all S cache slots.
         `dropout_key`: LoRA dropout on the adapters' inputs (`lora.adapted`).
         """
         cd = self.compute_dtype
@@ -286,12 +287,20 @@ class Attention(nnx.Module):
         else:
             k_cache, v_cache = kv_cache
             zero = jnp.zeros((), jnp.int32)
-            k_bkhs = jax.lax.dynamic_update_slice(
-                k_cache, k_bkht.astype(k_cache.dtype), (zero, zero, zero, cache_index)
-            )
-            v_bksh = jax.lax.dynamic_update_slice(
-                v_cache, v_bkth.astype(v_cache.dtype), (zero, zero, cache_index, zero)
-            )
+            if cache_index.ndim == 0:  # every row writes at the same slot
+                k_bkhs = jax.lax.dynamic_update_slice(
+                    k_cache, k_bkht.astype(k_cache.dtype), (zero, zero, zero, cache_index)
+                )
+                v_bksh = jax.lax.dynamic_update_slice(
+                    v_cache, v_bkth.astype(v_cache.dtype), (zero, zero, cache_index, zero)
+                )
+            else:  # row b writes at its own slot cache_index[b] (a scatter along the rows)
+                k_bkhs = jax.vmap(
+                    lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (zero, zero, i))
+                )(k_cache, k_bkht.astype(k_cache.dtype), cache_index)
+                v_bksh = jax.vmap(
+                    lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (zero, i, zero))
+                )(v_cache, v_bkth.astype(v_cache.dtype), cache_index)
             k_bkhs = ax.constrain(k_bkhs, (ax.BATCH, ax.ACT_KV_HEADS, None, ax.CACHE_LENGTH))
             v_bksh = ax.constrain(v_bksh, (ax.BATCH, ax.ACT_KV_HEADS, ax.CACHE_LENGTH, None))
             new_cache = (k_bkhs, v_bksh)

@@ -83,7 +83,7 @@ class ShardingPlan:
             k_lbkhs=tuple(self.named(k, x.shape) for x in cache.k_lbkhs),
             v_lbksh=tuple(self.named(v, x.shape) for x in cache.v_lbksh),
             start_b=self.rows,
-            index=self.replicated,
+            index=self.rows if cache.index.ndim == 1 else self.replicated,  # per row, or one
         )
 
     def activate(self):

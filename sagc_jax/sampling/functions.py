@@ -30,15 +30,23 @@ def filter_top_k_top_p(logits_bv: jax.Array, top_k: jax.Array, top_p: jax.Array)
     return jnp.where(logits_bv >= threshold_b1, logits_bv, -jnp.inf)
 
 
+def _uniform_b1(key: jax.Array, rows: int) -> jax.Array:
+    """float32 [B, 1] uniforms in [0, 1): from one key, or one per row from keys [B] (a row's
+    draw then depends on its own key only, not on which rows share the batch)."""
+    if key.ndim == 0:
+        return jax.random.uniform(key, (rows, 1), jnp.float32)
+    return jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(key)[:, None]
+
+
 def _inverse_cdf_sample(key: jax.Array, logits_bv: jax.Array) -> jax.Array:
-    """One draw per row from softmax(logits_bv) with a single uniform per row.
+    """One draw per row from softmax(logits_bv) with a single uniform per row (`_uniform_b1`).
 
     Cheaper on CPU than `jax.random.categorical`, which draws V Gumbel variables per row.
     Tokens of probability 0 (filtered to -inf) are never chosen.
     """
     probs_bv = jax.nn.softmax(logits_bv, axis=-1)
     cdf_bv = jnp.cumsum(probs_bv, axis=-1)
-    u_b1 = jax.random.uniform(key, (logits_bv.shape[0], 1), jnp.float32) * cdf_bv[:, -1:]
+    u_b1 = _uniform_b1(key, logits_bv.shape[0]) * cdf_bv[:, -1:]
     # Index of the first cdf entry above u; capped at the last token of nonzero probability
     # in case rounding puts u at the very top.
     token_b = jnp.sum(cdf_bv <= u_b1, axis=-1)
@@ -65,7 +73,8 @@ def sample_token(
     top_p: jax.Array,
     top_k: jax.Array,
 ) -> tuple[jax.Array, jax.Array]:
-    """Draws one token per row. Returns (token_b int32, logprob_b float32).
+    """Draws one token per row with ``key`` (one key, or keys [B]: one per row). Returns
+    (token_b int32, logprob_b float32).
 
     logprob_b is the token's log-probability under the policy at this temperature,
     log_softmax(logits / temperature), before any top-k/top-p truncation (under

@@ -1,15 +1,26 @@
-"""Batched generation: one prefill over left-padded prompts, then single-token decode steps over a
-KV cache that stop as soon as every row has produced an end-of-sequence token.
+"""Generation that decodes only the rows still running: one prefill per prompt, N rollouts
+streamed through S slots (rows), finished rows leaving the batch (see ``schedule`` for the
+exact order of events, which `schedule.simulate` replays without a model).
 
-The decode loop runs in phases whose cache grows by `decode_chunk` slots (`phase_slots`): phase p
-is a `lax.while_loop` over a cache of prompt + min(chunk * (p + 1), max_new_tokens) slots, so a
-step at completion position t attends over about t slots, not the whole cache. Between phases the
-cache is padded with zeros to the next phase's size; once every row is done the remaining phases
-are skipped. The phases are unrolled in one trace, so there is one compiled program per (batch,
-prompt bucket, max_new_tokens); the cache lives inside that program only.
+- Prefill: each distinct prompt once ([P, prompt bucket]); a rollout's slot gets a copy of its
+  prompt's cache and draws its first token from its prompt's last logits.
+- Decode: every iteration decodes the rows of the current row bucket, one token each, each row
+  at its own cache position (the cache index is per row). With rollouts waiting, all S slots
+  decode and a finished slot takes the next waiting rollout at once. With none waiting, the rows
+  still running are gathered at each round's start into the smallest rung of
+  `schedule.row_rungs` that holds them (static sizes: one branch of the program each) and
+  scattered back after it.
+- The cache grows in phases (`schedule.phase_slots`) so an iteration attends over about the
+  tokens so far; rounds of at most ``decode_chunk`` iterations end at phase boundaries.
 
-The model is split into graphdef (static) and state (arrays), and temperature / top_p / top_k /
-the key are array arguments, so new prompts, seeds or sampling settings reuse the program.
+Phases and rungs are unrolled in one trace: one compiled program per (rollouts, slots, prompts,
+prompt bucket, max_new_tokens). The model is split into graphdef (static) and state (arrays),
+and the key and temperature / top_p / top_k are arrays, so new prompts, seeds or settings reuse
+the program.
+
+Random stream: token t of rollout r draws with ``fold_in(fold_in(key, r), t)``, so a rollout's
+tokens depend on the key, its index and its prompt only, not on the slots, the buckets or
+which rows shared its iterations (nor on the processes of a multi-process run).
 """
 
 from __future__ import annotations
@@ -27,20 +38,23 @@ from flax import nnx
 from sagc_jax.models import Decoder, DecoderConfig, KVCache, init_cache
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.sampling.functions import sample_token
+from sagc_jax.sampling.schedule import phase_slots, resolve_chunk, round_length, row_rungs
 
-AUTO_CHUNK_MIN = 32  # 'auto': at least this many slots per phase...
-AUTO_PHASES = 8  # ...and at most this many phases (each is one more loop body to compile)
+REFILL_SHARE = 8  # a refill pass starts at most slots / REFILL_SHARE rollouts (cache copies)
 
 
 class SampleOutput(NamedTuple):
-    """What `Sampler.__call__` returns (B rows, L = max_new_tokens).
+    """What `Sampler.__call__` returns (N rollouts, L = max_new_tokens).
 
-    tokens_bt: int32 [B, L] completion tokens, pad_id after each row's end.
-    logprobs_bt: float32 [B, L] log-probability of each token under the policy (see
-        `sample_token`), 0 after each row's end.
-    lengths_b: int32 [B] completion lengths, the end-of-sequence token included.
-    truncated_b: bool [B] True where no end-of-sequence token came within L tokens.
-    num_decode_steps: int32 [] decode iterations run (at most L - 1; fewer on early exit).
+    tokens_bt: int32 [N, L] completion tokens, pad_id after each rollout's end.
+    logprobs_bt: float32 [N, L] log-probability of each token under the policy (see
+        `sample_token`), 0 after each rollout's end.
+    lengths_b: int32 [N] completion lengths, the end-of-sequence token included.
+    truncated_b: bool [N] True where no end-of-sequence token came within L tokens.
+    num_decode_steps: int32 [] decode iterations run.
+    rows_decoded: int32 [] rows decoded, summed over the iterations (the slots they used).
+    live_rows_decoded: int32 [] of those, rows still running; the rest is padding.
+    prefill_rows: int32 [] prompts prefilled (one per distinct prompt).
     """
 
     tokens_bt: jax.Array
@@ -48,6 +62,9 @@ class SampleOutput(NamedTuple):
     lengths_b: jax.Array
     truncated_b: jax.Array
     num_decode_steps: jax.Array
+    rows_decoded: jax.Array
+    live_rows_decoded: jax.Array
+    prefill_rows: jax.Array
 
 
 def _setting(value, dtype):
@@ -59,41 +76,35 @@ def _setting(value, dtype):
     return np.asarray(value, dtype)
 
 
-class _Loop(NamedTuple):
-    """Decode-loop state carried across phases (the cache, whose size changes, travels apart)."""
+class _Slots(NamedTuple):
+    """The rows being decoded, one entry per slot."""
 
-    step: jax.Array  # index of the completion token the next iteration writes
-    last_b: jax.Array
-    tokens_bt: jax.Array
-    logprobs_bt: jax.Array
-    done_b: jax.Array
-    lengths_b: jax.Array
+    rollout_s: jax.Array  # int32: the rollout in the slot
+    age_s: jax.Array  # int32: its tokens sampled so far
+    last_s: jax.Array  # int32: its last token (the next iteration's input)
+    live_s: jax.Array  # bool: still running
 
 
-def resolve_chunk(max_new_tokens: int, decode_chunk: int | str = "auto") -> int:
-    """Cache slots added per decode phase; 0 means one phase over the whole cache.
+class _Run(NamedTuple):
+    """What the decode carries besides the cache: outputs by rollout, the queue, counters."""
 
-    'auto' is max(AUTO_CHUNK_MIN, ceil(max_new_tokens / AUTO_PHASES)): short completions keep one
-    phase, long ones at most AUTO_PHASES (compile time grows with the number of phases).
-    """
-    if decode_chunk == "auto":
-        return max(AUTO_CHUNK_MIN, -(-max_new_tokens // AUTO_PHASES))
-    if isinstance(decode_chunk, bool) or not isinstance(decode_chunk, int) or decode_chunk < 0:
-        raise ValueError(f"decode_chunk={decode_chunk!r}; use an int >= 0 (0: one phase) or 'auto'")
-    return decode_chunk
+    slots: _Slots
+    tokens_nl: jax.Array
+    logprobs_nl: jax.Array
+    lengths_n: jax.Array
+    ended_n: jax.Array  # bool: an end-of-sequence token came
+    waiting: jax.Array  # int32 []: the next rollout to start (N: none waits)
+    steps: jax.Array
+    rows: jax.Array
+    live_rows: jax.Array
 
 
-def phase_slots(max_new_tokens: int, chunk: int) -> tuple[int, ...]:
-    """Completion slots of the cache in each decode phase (the cache holds prompt + these).
+def _take_rows(tree, idx):
+    return jax.tree.map(lambda x: x[idx], tree)
 
-    Decode step s (1 <= s < max_new_tokens) writes token s - 1 at completion slot s - 1 and
-    samples token s, so a phase of n slots runs the steps up to n. chunk 0 (or one that covers
-    every step) gives a single phase of max_new_tokens slots: the whole cache in every step.
-    """
-    steps = max_new_tokens - 1
-    if chunk <= 0 or chunk >= steps:
-        return (max_new_tokens,)
-    return tuple(min(chunk * (p + 1), max_new_tokens) for p in range(-(-steps // chunk)))
+
+def _put_rows(tree, idx, part):
+    return jax.tree.map(lambda x, y: x.at[idx].set(y), tree, part)
 
 
 class Sampler:
@@ -101,14 +112,16 @@ class Sampler:
 
     eos_ids: tokens that end a row (default: config.eos_ids); empty means never stop early.
     pad_id: the token written after a row's end (and expected in prompt padding).
-    decode_chunk: cache slots added per decode phase (see the module docstring and
-        `resolve_chunk`); 0 attends over the whole cache in every step. Tokens do not depend
-        on it: the key of step s is fold_in(key, s) in every phase.
+    decode_chunk: cache slots added per decode phase and iterations per round at most (see
+        `schedule.resolve_chunk`); 0: one phase over the whole cache, one round (no compaction).
+    slots: rows decoded at once (0: every rollout of the call); fewer than the rollouts streams
+        them through the slots. row_buckets: rungs of `schedule.row_rungs` (1: every round
+        decodes all slots). Tokens depend on none of these.
     plan, state_shardings: a `ShardingPlan` and the shardings of `state` (FSDP / tensor / data
         parallel, several processes): the program is jitted with those input and output
-        shardings, rows split over the plan's batch axes, the KV cache over rows and KV heads.
-        Calls then take each process's own rows (numpy) and return global arrays; `to_host`
-        gives each process its rows back.
+        shardings, rollouts and slots split over the plan's batch axes, the KV cache over rows
+        and KV heads, prompts replicated. Calls then take each process's own prompts and
+        rollouts (numpy) and return global arrays; `to_host` gives each process its rows back.
     """
 
     def __init__(
@@ -119,18 +132,27 @@ class Sampler:
         eos_ids: Sequence[int] | None = None,
         pad_id: int = 0,
         decode_chunk: int | str = "auto",
+        slots: int = 0,
+        row_buckets: int = 4,
         plan: ShardingPlan | None = None,
         state_shardings=None,
     ):
         if plan is not None and state_shardings is None:
             raise ValueError("Sampler: plan needs state_shardings (e.g. plan.params(state))")
         resolve_chunk(1, decode_chunk)  # raises early on a bad value
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 0:
+            raise ValueError(f"Sampler: slots={slots!r}; use an int >= 0 (0: every rollout)")
+        if isinstance(row_buckets, bool) or not isinstance(row_buckets, int) or row_buckets < 1:
+            raise ValueError(f"Sampler: row_buckets={row_buckets!r}; use an int >= 1")
         self.graphdef = graphdef
         self.config = config
         self.eos_ids = tuple(config.eos_ids if eos_ids is None else eos_ids)
         self.pad_id = int(pad_id)
         self.decode_chunk = decode_chunk
+        self.slots = slots
+        self.row_buckets = row_buckets
         self.plan = plan
+        self.shards = plan.batch_shards if plan is not None else 1
         self.num_traces = 0  # incremented each time the generation program is traced
         jit_kw = {}
         self._decode_shardings = None
@@ -139,11 +161,12 @@ class Sampler:
         if plan is not None:
             rows, scalar = plan.rows, plan.replicated
             jit_kw = dict(
-                in_shardings=(state_shardings, rows, rows, scalar, scalar, scalar, scalar),
-                out_shardings=SampleOutput(rows, rows, rows, rows, scalar),
+                in_shardings=(state_shardings, scalar, scalar, rows, *(scalar,) * 4),
+                out_shardings=SampleOutput(rows, rows, rows, rows, *(scalar,) * 4),
             )
-        # max_new_tokens (last, static) is positional: jit takes no keywords with shardings.
-        self._generate = jax.jit(self._generate_impl, static_argnums=(7,), **jit_kw)
+        # max_new_tokens and slots (last, static) are positional: jit takes no keywords with
+        # shardings.
+        self._generate = jax.jit(self._generate_impl, static_argnums=(8, 9), **jit_kw)
 
     @classmethod
     def from_model(cls, model: Decoder, **kwargs) -> tuple[Sampler, nnx.State]:
@@ -152,21 +175,39 @@ class Sampler:
         return cls(graphdef, model.config, **kwargs), state
 
     def compiled_programs(self) -> int:
-        """Programs this sampler has traced and compiled (one per batch/bucket/max_new_tokens
-        shape). Counted per instance: the jit cache of a method is shared by all instances."""
+        """Programs this sampler has traced and compiled (one per shape of a call). Counted per
+        instance: the jit cache of a method is shared by all instances."""
         return self.num_traces
+
+    def slots_for(self, rollouts: int) -> int:
+        """Slots a call of ``rollouts`` rollouts (all processes') decodes through."""
+        slots = min(self.slots or rollouts, rollouts)
+        if slots % self.shards:
+            raise ValueError(
+                f"sampling.slots = {slots} rows do not split into the mesh's {self.shards} "
+                f"batch shards; use a multiple of {self.shards}"
+            )
+        return slots
 
     def empty_cache(self, batch: int, slots: int) -> KVCache:
         """A zero cache of `slots` slots for `batch` rows, split as the plan says (rows and KV
-        heads), as the program allocates it for its first phase."""
-        return self._constrain(init_cache(self.config, batch, slots))
+        heads), with a per-row write index, as the program allocates it for its first phase."""
+        cache = init_cache(self.config, batch, slots)
+        return self._constrain(cache._replace(index=jnp.zeros((batch,), jnp.int32)))
 
     def compile(
-        self, state: nnx.State, batch: int, prompt_len: int, *, max_new_tokens: int
+        self,
+        state: nnx.State,
+        rollouts: int,
+        prompt_len: int,
+        *,
+        max_new_tokens: int,
+        prompts: int | None = None,
     ) -> jax.stages.Compiled:
-        """Compiles the program for (batch, prompt_len, max_new_tokens) ahead of time, without
-        running it; the next call of that shape reuses the executable (no recompile). Returns
-        it (``.as_text()``: its optimised HLO)."""
+        """Compiles the program for ``rollouts`` rollouts (all processes') of ``prompts`` distinct
+        prompts (default: one each) padded to ``prompt_len``, without running it; the next call
+        of that shape reuses the executable (no recompile). Returns it (``.as_text()``: its
+        optimised HLO)."""
 
         # Shapes with the shardings a real call has (they are part of the cache key): an
         # uncommitted array (one device, no plan) has none, or the call compiles once more.
@@ -176,16 +217,21 @@ class Sampler:
                 x.shape, x.dtype, sharding=x.sharding if committed else None
             )
 
-        rows = self.plan.rows if self.plan is not None else None
+        plan = self.plan
+        rows = plan.rows if plan is not None else None
+        whole = plan.replicated if plan is not None else None
+        prompts = rollouts if prompts is None else prompts
         return self._generate.lower(
             jax.tree.map(spec, state),
-            jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32, sharding=rows),
-            jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=rows),
+            jax.ShapeDtypeStruct((prompts, prompt_len), jnp.int32, sharding=whole),
+            jax.ShapeDtypeStruct((prompts,), jnp.int32, sharding=whole),
+            jax.ShapeDtypeStruct((rollouts,), jnp.int32, sharding=rows),
             jax.random.key(0),  # (scalars are passed uncommitted, as in a real call)
             jnp.float32(1.0),
             jnp.float32(1.0),
             jnp.int32(0),
             max_new_tokens,
+            self.slots_for(rollouts),
         ).compile()
 
     def __call__(
@@ -196,46 +242,71 @@ class Sampler:
         key: jax.Array,
         *,
         max_new_tokens: int,
+        prompt_index_r=None,
         temperature: float | jax.Array = 1.0,
         top_p: float | jax.Array = 1.0,
         top_k: int | jax.Array = 0,
     ) -> SampleOutput:
-        """Samples up to `max_new_tokens` tokens after each left-padded prompt.
+        """Samples up to `max_new_tokens` tokens for each rollout.
 
-        prompt_ids_bt: int32 [B, P], row b's prompt in its last prompt_lens_b[b] columns
-            (`left_pad` builds it with P a bucket); prompt_lens_b: int32 [B], each >= 1.
+        prompt_ids_bt: int32 [P, width], prompt p in its last prompt_lens_b[p] columns
+            (`left_pad` builds it with width a bucket); prompt_lens_b: int32 [P], each >= 1.
+        prompt_index_r: int [N], the prompt of each rollout (rollouts of a prompt share its one
+            prefill); None: one rollout per prompt. With a plan: this process's prompts and
+            rollouts, indices into its own prompts (every process passes as many).
         temperature <= 0 is greedy; top_k <= 0 and top_p >= 1 disable those filters.
         """
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens}; must be >= 1")
-        # [B, P] token ids: a float array would be cast to ids without an error
+        # [P, width] token ids: a float array would be cast to ids without an error
         chex.assert_rank(prompt_ids_bt, 2)
         chex.assert_type(prompt_ids_bt, int)
-        local_batch, prompt_len = np.shape(prompt_ids_bt)
-        lens_b = np.asarray(prompt_lens_b, np.int32)
-        if lens_b.shape != (local_batch,) or lens_b.min() < 1 or lens_b.max() > prompt_len:
+        num_prompts, prompt_len = np.shape(prompt_ids_bt)
+        lens_p = np.asarray(prompt_lens_b, np.int32)
+        if lens_p.shape != (num_prompts,) or lens_p.min() < 1 or lens_p.max() > prompt_len:
             raise ValueError(
-                f"prompt_lens_b {lens_b.tolist()} must have shape ({local_batch},) and values in "
+                f"prompt_lens_b {lens_p.tolist()} must have shape ({num_prompts},) and values in "
                 f"[1, {prompt_len}] for prompt_ids_bt of shape {np.shape(prompt_ids_bt)}"
             )
-        start_b = np.asarray(prompt_len - lens_b, np.int32)  # first cache slot of each row
-        if self.plan is not None:  # this process's rows -> global arrays
-            prompt_ids_bt, start_b = self.plan.global_rows(
-                (np.asarray(prompt_ids_bt, np.int32), start_b)
-            )
+        if prompt_index_r is None:
+            index_r = np.arange(num_prompts, dtype=np.int32)
+        else:
+            index_r = np.asarray(prompt_index_r)
+            if index_r.ndim != 1 or index_r.size == 0 or not np.issubdtype(index_r.dtype, int):
+                raise ValueError(
+                    f"prompt_index_r must be a non-empty 1-D integer array, got shape "
+                    f"{index_r.shape} of {index_r.dtype}"
+                )
+            if index_r.min() < 0 or index_r.max() >= num_prompts:
+                raise ValueError(
+                    f"prompt_index_r holds {int(index_r.min())}..{int(index_r.max())}; each must "
+                    f"index one of the {num_prompts} prompts of prompt_ids_bt"
+                )
+            index_r = index_r.astype(np.int32)
+        ids_pt = np.asarray(prompt_ids_bt, np.int32)
+        start_p = np.asarray(prompt_len - lens_p, np.int32)  # first cache slot of each prompt
+        plan = self.plan
+        if plan is not None:  # every process's prompts (replicated), its rollouts (rows)
+            from sagc_jax.parallel import gather_rows
+
+            offset = jax.process_index() * num_prompts  # this process's prompts in the table
+            ids_pt, start_p = gather_rows(ids_pt), gather_rows(start_p)
+            ids_pt, start_p = (jax.device_put(x, plan.replicated) for x in (ids_pt, start_p))
+            index_r = plan.global_rows(index_r + np.int32(offset))
         else:
             # with a dtype: a plain transfer (without one, jnp.asarray runs a program)
-            prompt_ids_bt = jnp.asarray(prompt_ids_bt, jnp.int32)
-            start_b = jnp.asarray(start_b, jnp.int32)
+            ids_pt, start_p, index_r = (jnp.asarray(x, jnp.int32) for x in (ids_pt, start_p, index_r))
         return self._generate(
             state,
-            prompt_ids_bt,
-            start_b,
+            ids_pt,
+            start_p,
+            index_r,
             key,
             _setting(temperature, np.float32),
             _setting(top_p, np.float32),
             _setting(top_k, np.int32),
             max_new_tokens,
+            self.slots_for(int(index_r.shape[0])),
         )
 
     def to_host(self, out: SampleOutput) -> SampleOutput:
@@ -251,7 +322,7 @@ class Sampler:
 
     def _grow(self, cache: KVCache, slots: int) -> KVCache:
         """`cache` padded with zero slots at the end up to `slots` (what the next phase uses;
-        slots from `index` on are masked, so their content is never read)."""
+        slots past a row's index are masked, so their content is never read)."""
         extra = slots - cache.v_lbksh[0].shape[2]
         return self._constrain(
             cache._replace(
@@ -268,7 +339,17 @@ class Sampler:
             return self._generate_traced(*args)
 
     def _generate_traced(
-        self, state, prompt_ids_bt, start_b, key, temperature, top_p, top_k, max_new_tokens
+        self,
+        state,
+        prompt_ids_pt,
+        start_p,
+        prompt_index_r,
+        key,
+        temperature,
+        top_p,
+        top_k,
+        max_new_tokens,
+        num_slots,
     ):
         if self._decode_shardings is not None:
             # FSDP: gather the weights (in the compute dtype, which every use casts them to)
@@ -280,72 +361,223 @@ class Sampler:
                 self._decode_shardings,
             )
         model = nnx.merge(self.graphdef, state)
-        batch, prompt_len = prompt_ids_bt.shape
-        slots_p = phase_slots(max_new_tokens, resolve_chunk(max_new_tokens, self.decode_chunk))
+        num_prompts, prompt_len = prompt_ids_pt.shape
+        n, length, pad = prompt_index_r.shape[0], max_new_tokens, self.pad_id
+        chunk = resolve_chunk(length, self.decode_chunk)
+        caps_p = phase_slots(length, chunk)
+        per_round = round_length(length, chunk)
+        rungs = row_rungs(num_slots, self.row_buckets, self.shards)
+        refill_width = max(1, -(-num_slots // REFILL_SHARE))
         eos_e = jnp.asarray(self.eos_ids, jnp.int32).reshape(-1)
 
         def is_eos(token_b):
             return jnp.any(token_b[:, None] == eos_e[None, :], axis=-1)
 
-        def draw(logits_b1v, step):
-            # The key depends on the step only (not the phase): tokens do not depend on chunk.
-            return sample_token(
-                logits_b1v[:, 0], jax.random.fold_in(key, step), temperature, top_p, top_k
+        def draw(logits_bv, rollout_b, age_b):
+            keys_b = jax.vmap(lambda r, t: jax.random.fold_in(jax.random.fold_in(key, r), t))(
+                rollout_b, age_b
+            )
+            return sample_token(logits_bv, keys_b, temperature, top_p, top_k)
+
+        def record(run: _Run, rollout_b, age_b, token_b, logprob_b, write_b) -> _Run:
+            """Token age_b of each writing row's rollout (others dropped: index n)."""
+            r_b = jnp.where(write_b, rollout_b, n)
+            return run._replace(
+                tokens_nl=run.tokens_nl.at[r_b, age_b].set(token_b, mode="drop"),
+                logprobs_nl=run.logprobs_nl.at[r_b, age_b].set(logprob_b, mode="drop"),
+                lengths_n=run.lengths_n.at[r_b].set(age_b + 1, mode="drop"),
+                ended_n=run.ended_n.at[r_b].set(is_eos(token_b), mode="drop"),
             )
 
-        cache = self.empty_cache(batch, prompt_len + slots_p[0])._replace(start_b=start_b)
-        logits_b1v, cache = model.apply_cached(prompt_ids_bt, cache, last_only=True)
-        token_b, logprob_b = draw(logits_b1v, 0)
-        tokens_bt = jnp.full((batch, max_new_tokens), self.pad_id, jnp.int32)
-        logprobs_bt = jnp.zeros((batch, max_new_tokens), jnp.float32)
-        init = _Loop(
-            step=jnp.ones((), jnp.int32),
-            last_b=token_b,
-            tokens_bt=tokens_bt.at[:, 0].set(token_b),
-            logprobs_bt=logprobs_bt.at[:, 0].set(logprob_b),
-            done_b=is_eos(token_b),
-            lengths_b=jnp.ones((batch,), jnp.int32),
-        )
+        # One prefill per prompt: its cache is copied into each of its rollouts' slots.
+        prompt_cache = init_cache(self.config, num_prompts, prompt_len, start_b=start_p)
+        logits_p1v, prompt_cache = model.apply_cached(prompt_ids_pt, prompt_cache, last_only=True)
+        logits_pv = logits_p1v[:, 0]
 
-        def body(carry: tuple[KVCache, _Loop]) -> tuple[KVCache, _Loop]:
-            cache, s = carry
-            logits_b1v, cache = model.apply_cached(s.last_b[:, None], cache)
-            token_b, logprob_b = draw(logits_b1v, s.step)
-            token_b = jnp.where(s.done_b, self.pad_id, token_b)
-            logprob_b = jnp.where(s.done_b, 0.0, logprob_b)
-            return cache, _Loop(
-                step=s.step + 1,
-                last_b=token_b,
-                tokens_bt=jax.lax.dynamic_update_slice(s.tokens_bt, token_b[:, None], (0, s.step)),
-                logprobs_bt=jax.lax.dynamic_update_slice(
-                    s.logprobs_bt, logprob_b[:, None], (0, s.step)
-                ),
-                done_b=s.done_b | is_eos(token_b),
-                lengths_b=s.lengths_b + (~s.done_b).astype(jnp.int32),
+        def start(cache: KVCache, run: _Run, slot_j, rollout_j, valid_j):
+            """Rollouts rollout_j take slots slot_j where valid_j: their prompts' caches copied
+            in, their first tokens drawn from their prompts' logits."""
+            prompt_j = prompt_index_r[jnp.minimum(rollout_j, n - 1)]
+            token_j, logprob_j = draw(logits_pv[prompt_j], rollout_j, jnp.zeros_like(rollout_j))
+            run = record(run, rollout_j, jnp.zeros_like(rollout_j), token_j, logprob_j, valid_j)
+            s_j = jnp.where(valid_j, slot_j, num_slots)  # invalid ones dropped
+            cache = self._constrain(
+                KVCache(
+                    k_lbkhs=tuple(
+                        k.at[s_j, :, :, :prompt_len].set(pk[prompt_j], mode="drop")
+                        for k, pk in zip(cache.k_lbkhs, prompt_cache.k_lbkhs, strict=True)
+                    ),
+                    v_lbksh=tuple(
+                        v.at[s_j, :, :prompt_len].set(pv[prompt_j], mode="drop")
+                        for v, pv in zip(cache.v_lbksh, prompt_cache.v_lbksh, strict=True)
+                    ),
+                    start_b=cache.start_b.at[s_j].set(start_p[prompt_j], mode="drop"),
+                    index=cache.index,
+                )
+            )
+            new = _Slots(rollout_j, jnp.ones_like(rollout_j), token_j, ~is_eos(token_j))
+            if length == 1:
+                new = new._replace(live_s=jnp.zeros_like(new.live_s))
+            slots = jax.tree.map(lambda x, y: x.at[s_j].set(y, mode="drop"), run.slots, new)
+            return cache, run._replace(slots=slots)
+
+        def refill(cache: KVCache, run: _Run):
+            """Free slots take waiting rollouts, refill_width at a time, until none is free or
+            none waits (a rollout that ends at its first token frees its slot again)."""
+
+            def free(carry):
+                return jnp.any(~carry[1].slots.live_s) & (carry[1].waiting < n)
+
+            def one(carry):
+                cache, run = carry
+                slot_j = jnp.nonzero(~run.slots.live_s, size=refill_width, fill_value=num_slots)[0]
+                rollout_j = run.waiting + jnp.arange(refill_width, dtype=jnp.int32)
+                valid_j = (slot_j < num_slots) & (rollout_j < n)
+                cache, run = start(cache, run, slot_j, rollout_j, valid_j)
+                return cache, run._replace(waiting=run.waiting + jnp.sum(valid_j, dtype=jnp.int32))
+
+            return jax.lax.while_loop(free, one, (cache, run))
+
+        def max_live_age(slots: _Slots):
+            return jnp.max(jnp.where(slots.live_s, slots.age_s, 0))
+
+        def iterate(cache: KVCache, slots: _Slots, run: _Run, cap: int):
+            """One decode iteration of the rows in `slots` (a bucket); run's outputs updated."""
+            index_b = jnp.minimum(prompt_len + slots.age_s - 1, prompt_len + cap - 1)
+            logits_b1v, cache = model.apply_cached(
+                slots.last_s[:, None], cache._replace(index=index_b)
+            )
+            token_b, logprob_b = draw(logits_b1v[:, 0], slots.rollout_s, slots.age_s)
+            live_b = slots.live_s
+            run = record(run, slots.rollout_s, slots.age_s, token_b, logprob_b, live_b)
+            finished_b = is_eos(token_b) | (slots.age_s + 1 >= length)
+            slots = _Slots(
+                rollout_s=slots.rollout_s,
+                age_s=slots.age_s + live_b.astype(jnp.int32),
+                last_s=jnp.where(live_b, token_b, pad),
+                live_s=live_b & ~finished_b,
+            )
+            run = run._replace(
+                steps=run.steps + 1,
+                rows=run.rows + live_b.shape[0],
+                live_rows=run.live_rows + jnp.sum(live_b, dtype=jnp.int32),
+            )
+            return cache, slots, run
+
+        def rounds(cache, slots, run, cap, more, refilling):
+            """Rounds of at most per_round iterations while ``more(slots, run)`` holds at a
+            round's start and some row runs with room in the cache; refill after each
+            iteration when ``refilling``. Returns (cache, slots, run)."""
+
+            def going(carry):
+                _, slots, _, i = carry
+                return (i < per_round) & jnp.any(slots.live_s) & (max_live_age(slots) <= cap)
+
+            def step(carry):
+                cache, slots, run, i = carry
+                cache, slots, run = iterate(cache, slots, run, cap)
+                if refilling:
+                    cache, run = refill(cache, run._replace(slots=slots))
+                    slots = run.slots
+                return cache, slots, run, i + 1
+
+            def next_round(carry):
+                cache, slots, run = carry
+                return jnp.any(slots.live_s) & (max_live_age(slots) <= cap) & more(slots, run)
+
+            def one_round(carry):
+                cache, slots, run, _ = jax.lax.while_loop(
+                    going, step, (*carry, jnp.zeros((), jnp.int32))
+                )
+                return cache, slots, run
+
+            return jax.lax.while_loop(next_round, one_round, (cache, slots, run))
+
+        def live_count(slots: _Slots):
+            return jnp.sum(slots.live_s, dtype=jnp.int32)
+
+        def gather(cache: KVCache, slots: _Slots, rows: int, width: int):
+            """The running rows (stable), then finished ones, into `rows` rows; the cache
+            padded to `width` slots."""
+            idx_b = jnp.argsort(~slots.live_s, stable=True)[:rows]
+            return self._grow(self._constrain(_take_rows(cache, idx_b)), width), _take_rows(
+                slots, idx_b
             )
 
-        def decode(phase: int, cache: KVCache, s: _Loop) -> _Loop:
-            """Phases phase, phase + 1, ... (Python recursion: unrolled in the trace)."""
-            stop = min(slots_p[phase] + 1, max_new_tokens)  # the steps this cache has slots for
+        full_width = prompt_len + length
+        tail = len(rungs) > 1
 
-            def cond(carry):
-                return (carry[1].step < stop) & ~jnp.all(carry[1].done_b)
+        def in_tail(slots: _Slots, run: _Run):
+            """No rollout waits and the running rows fit the first smaller rung."""
+            return (run.waiting >= n) & (live_count(slots) <= rungs[min(1, len(rungs) - 1)])
 
-            cache, s = jax.lax.while_loop(cond, body, (cache, s))
-            if phase + 1 == len(slots_p):
-                return s
-            grown = prompt_len + slots_p[phase + 1]
+        def all_slots(phase: int, cache: KVCache, run: _Run):
+            """Phases phase, phase + 1, ... at all slots (Python recursion: unrolled in the
+            trace), until the rows leave for the tail. Returns (tail cache, tail slots, run):
+            rungs[1] rows in a cache of full width (run alone without a tail)."""
+            cap = caps_p[phase]
+            keep = (lambda slots, run: ~in_tail(slots, run)) if tail else (lambda *_: True)
+            cache, slots, run = rounds(cache, run.slots, run, cap, keep, n > num_slots)
+            run = run._replace(slots=slots)
+            if tail:
+                leave = lambda: gather(cache, slots, rungs[1], full_width) + (run,)  # noqa: E731
+            else:
+                leave = lambda: run  # noqa: E731
+            if phase + 1 == len(caps_p):
+                return leave()
+            grown = prompt_len + caps_p[phase + 1]
             return jax.lax.cond(
-                jnp.all(s.done_b), lambda: s, lambda: decode(phase + 1, self._grow(cache, grown), s)
+                jnp.any(slots.live_s) & (~in_tail(slots, run) if tail else True),
+                lambda: all_slots(phase + 1, self._grow(cache, grown), run),
+                leave,
             )
 
-        final = decode(0, cache, init)
+        def decode(cache: KVCache, run: _Run) -> _Run:
+            if not tail:
+                return all_slots(0, cache, run)
+            cache, slots, run = all_slots(0, cache, run)
+            # The tail: the live count only falls, so the rungs are visited in order.
+            for k in range(1, len(rungs)):
+                smaller = rungs[k + 1] if k + 1 < len(rungs) else 0
+                cache, slots, run = rounds(
+                    cache,
+                    slots,
+                    run,
+                    length,
+                    lambda slots, run, smaller=smaller: live_count(slots) > smaller,
+                    False,
+                )
+                if smaller:
+                    cache, slots = gather(cache, slots, smaller, full_width)
+            return run
+
+        zeros_s = jnp.zeros((num_slots,), jnp.int32)
+        run = _Run(
+            slots=_Slots(zeros_s, zeros_s, zeros_s, jnp.zeros((num_slots,), bool)),
+            tokens_nl=jnp.full((n, length), pad, jnp.int32),
+            logprobs_nl=jnp.zeros((n, length), jnp.float32),
+            lengths_n=jnp.zeros((n,), jnp.int32),
+            ended_n=jnp.zeros((n,), bool),
+            waiting=jnp.asarray(num_slots, jnp.int32),
+            steps=jnp.zeros((), jnp.int32),
+            rows=jnp.zeros((), jnp.int32),
+            live_rows=jnp.zeros((), jnp.int32),
+        )
+        cache = self.empty_cache(num_slots, prompt_len + caps_p[0])
+        first_s = jnp.arange(num_slots, dtype=jnp.int32)  # slot s takes rollout s
+        cache, run = start(cache, run, first_s, first_s, jnp.ones((num_slots,), bool))
+        if n > num_slots:  # rollouts that ended at their first token free their slots at once
+            cache, run = refill(cache, run)
+        final = decode(cache, run)
         return SampleOutput(
-            tokens_bt=final.tokens_bt,
-            logprobs_bt=final.logprobs_bt,
-            lengths_b=final.lengths_b,
-            truncated_b=~final.done_b,
-            num_decode_steps=final.step - 1,
+            tokens_bt=final.tokens_nl,
+            logprobs_bt=final.logprobs_nl,
+            lengths_b=final.lengths_n,
+            truncated_b=~final.ended_n,
+            num_decode_steps=final.steps,
+            rows_decoded=final.rows,
+            live_rows_decoded=final.live_rows,
+            prefill_rows=jnp.asarray(num_prompts, jnp.int32),
         )
 
 

@@ -1,0 +1,196 @@
+"""The sampler's schedule, in plain Python and numpy (no jax): decode phases, row buckets, slot
+refill, and `simulate`, which replays the sampler's decode iterations from the completion
+lengths alone, so the roofline (``sim/roofline.py``) times the engine the project has and tests
+check the sampler's own counters against it.
+
+The engine (``sampling/sampler.py``) decodes N rollouts through S slots (rows):
+
+- Prefill: one per prompt. Slots 0..S-1 take rollouts 0..S-1 (each draws its token 0 from its
+  prompt's prefill logits: age 1); a rollout of length 1 is done at once.
+- A decode iteration decodes every row of the current row bucket: a running row of age a writes
+  its token a - 1 at completion slot a - 1 and samples token a (age a + 1); it is done at its
+  end token or at age L = max_new_tokens. Then every free slot takes the next waiting rollout
+  (slot order, rollout order): its prompt's cache is copied in and it draws its token 0, so a
+  rollout that starts at the end of iteration k is first decoded in iteration k + 1.
+- The cache grows in phases (`phase_slots`): phase p holds cap_p completion slots, so an
+  iteration may run while every running row has age <= cap_p.
+- Iterations run in rounds of at most ``chunk`` iterations. At the start of each round the rows
+  decoded are chosen: all S slots while rollouts are waiting, else the running rows gathered
+  into the smallest rung of `row_rungs` that holds them (finished rows fill the rest of the
+  rung). With no rollout waiting, rounds and phases coincide: rows leave the batch at phase
+  boundaries.
+- While all S slots decode, a round also ends at its phase's end (the cache grows). Once the
+  running rows fit the second rung with none waiting (the tail), they move to a cache of full
+  width (prompt + L slots) and rounds no longer end at phases: the live count only falls from
+  then on, so the tail visits the smaller rungs in order, each one branch of the program.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import NamedTuple
+
+import numpy as np
+
+AUTO_CHUNK_MIN = 32  # 'auto': at least this many slots per phase...
+AUTO_PHASES = 8  # ...and at most this many phases (each is one more loop body to compile)
+
+
+def resolve_chunk(max_new_tokens: int, decode_chunk: int | str = "auto") -> int:
+    """Cache slots added per decode phase; 0 means one phase over the whole cache.
+
+    'auto' is max(AUTO_CHUNK_MIN, ceil(max_new_tokens / AUTO_PHASES)): short completions keep one
+    phase, long ones at most AUTO_PHASES (compile time grows with the number of phases).
+    """
+    if decode_chunk == "auto":
+        return max(AUTO_CHUNK_MIN, -(-max_new_tokens // AUTO_PHASES))
+    if isinstance(decode_chunk, bool) or not isinstance(decode_chunk, int) or decode_chunk < 0:
+        raise ValueError(f"decode_chunk={decode_chunk!r}; use an int >= 0 (0: one phase) or 'auto'")
+    return decode_chunk
+
+
+def phase_slots(max_new_tokens: int, chunk: int) -> tuple[int, ...]:
+    """Completion slots of the cache in each decode phase (the cache holds prompt + these).
+
+    A row of age a (tokens sampled so far) writes its token a - 1 at completion slot a - 1, so a
+    phase of n slots runs iterations while every running row has age <= n. chunk 0 (or one that
+    covers every iteration) gives a single phase of max_new_tokens slots.
+    """
+    steps = max_new_tokens - 1
+    if chunk <= 0 or chunk >= steps:
+        return (max_new_tokens,)
+    return tuple(min(chunk * (p + 1), max_new_tokens) for p in range(-(-steps // chunk)))
+
+
+def round_length(max_new_tokens: int, chunk: int) -> int:
+    """Iterations of a round at most (the whole decode when there is a single phase)."""
+    return max(1, max_new_tokens - 1) if chunk <= 0 else chunk
+
+
+def row_rungs(slots: int, row_buckets: int, shards: int = 1) -> tuple[int, ...]:
+    """Row counts a round may decode at, largest first: ``slots`` and up to ``row_buckets - 1``
+    halvings of it, each still a whole multiple of ``shards`` (the rows' shards of the mesh)."""
+    if slots < 1 or row_buckets < 1 or shards < 1 or slots % shards:
+        raise ValueError(
+            f"row_rungs: slots={slots}, row_buckets={row_buckets}, shards={shards}; need "
+            f"slots a positive multiple of shards and row_buckets >= 1"
+        )
+    rungs = [slots]
+    while len(rungs) < row_buckets and rungs[-1] % 2 == 0 and (rungs[-1] // 2) % shards == 0:
+        rungs.append(rungs[-1] // 2)
+    return tuple(rungs)
+
+
+def start_times(lengths_r, slots: int) -> np.ndarray:
+    """int64 [N]: the iteration at whose end each rollout takes a slot (0: before the first),
+    when ``slots`` slots are refilled in rollout order. A rollout of length l started at s frees
+    its slot at the end of iteration s + l - 1 (at once if l = 1)."""
+    lengths_r = np.asarray(lengths_r, np.int64).ravel()
+    if slots >= lengths_r.size:
+        return np.zeros(lengths_r.size, np.int64)
+    free_at = [0] * slots
+    starts = np.empty(lengths_r.size, np.int64)
+    for r, length in enumerate(lengths_r.tolist()):
+        starts[r] = heapq.heappop(free_at)
+        heapq.heappush(free_at, int(starts[r]) + length - 1)
+    return starts
+
+
+class Schedule(NamedTuple):
+    """Per decode iteration k = 1..K of a step (numpy arrays of K values).
+
+    rows_k: rows decoded (the round's bucket); live_k: rows still running among them;
+    phase_k: the cache phase (the last, full width, in the tail); age_sum_k: sum of the running rows' ages (completion tokens in
+    their caches); prompt_sum_k: sum of the running rows' prompt tokens.
+    """
+
+    rows_k: np.ndarray
+    live_k: np.ndarray
+    phase_k: np.ndarray
+    age_sum_k: np.ndarray
+    prompt_sum_k: np.ndarray
+
+    @property
+    def decode_steps(self) -> int:
+        return int(self.rows_k.size)
+
+    @property
+    def rows_decoded(self) -> int:
+        return int(self.rows_k.sum())
+
+    @property
+    def live_rows_decoded(self) -> int:
+        return int(self.live_k.sum())
+
+
+def simulate(
+    lengths_r,
+    max_new_tokens: int,
+    *,
+    slots: int = 0,
+    chunk: int = 0,
+    row_buckets: int = 1,
+    shards: int = 1,
+    prompt_tokens_r=0,
+) -> Schedule:
+    """The sampler's decode iterations for rollouts of ``lengths_r`` [N] (in rollout order,
+    each in [1, max_new_tokens]) through ``slots`` slots (0: all N), cache phases of ``chunk``
+    slots (`phase_slots`) and ``row_buckets`` rungs (`row_rungs`). ``prompt_tokens_r``: an int
+    or [N], only summed into ``prompt_sum_k``."""
+    lengths_r = np.asarray(lengths_r, np.int64).ravel()
+    n = lengths_r.size
+    if n == 0 or lengths_r.min() < 1 or lengths_r.max() > max_new_tokens:
+        raise ValueError(f"simulate: lengths must be in [1, {max_new_tokens}] (got {n} rows)")
+    prompts_r = np.broadcast_to(np.asarray(prompt_tokens_r, np.int64), lengths_r.shape)
+    slots = min(slots or n, n)
+    rungs = row_rungs(slots, row_buckets, shards)
+    caps_p = phase_slots(max_new_tokens, chunk)
+    per_round = round_length(max_new_tokens, chunk)
+    starts_r = start_times(lengths_r, slots)
+    ends_r = starts_r + lengths_r - 1  # last iteration that decodes the rollout (none if = start)
+    last = int(ends_r.max())
+    if last == 0:
+        empty = np.zeros(0, np.int64)
+        return Schedule(empty, empty, empty, empty, empty)
+    # Per iteration k = 1..last: running rows, their ages and prompts (difference arrays: row r is
+    # decoded in iterations starts_r + 1 .. ends_r at ages 1 .. l - 1, age = k - start).
+    live = np.zeros(last + 2, np.int64)
+    offset = np.zeros(last + 2, np.int64)
+    prompt = np.zeros(last + 2, np.int64)
+    decoded = ends_r > starts_r
+    first_r, stop_r = starts_r[decoded] + 1, ends_r[decoded] + 1
+    np.add.at(live, first_r, 1)
+    np.add.at(live, stop_r, -1)
+    np.add.at(offset, first_r, -starts_r[decoded])
+    np.add.at(offset, stop_r, starts_r[decoded])
+    np.add.at(prompt, first_r, prompts_r[decoded])
+    np.add.at(prompt, stop_r, -prompts_r[decoded])
+    k_all = np.arange(last + 2)
+    live_k = np.cumsum(live)
+    age_sum_k = np.cumsum(offset) + live_k * k_all
+    prompt_sum_k = np.cumsum(prompt)
+    # Phase p ends before the first iteration at which some running row would pass cap_p.
+    phase_end_p = []
+    for cap in caps_p:
+        over = decoded & (lengths_r - 1 > cap)
+        phase_end_p.append(int((starts_r[over] + cap + 1).min()) if over.any() else last + 1)
+    all_started = int(starts_r.max())  # no rollout waits from the end of this iteration on
+    rows_k = np.zeros(last + 1, np.int64)
+    phase_k = np.zeros(last + 1, np.int64)
+    k, phase, tail = 1, 0, False
+    while k <= last:
+        rows = slots
+        if all_started <= k - 1:
+            rows = min(r for r in rungs if r >= live_k[k])
+            tail = tail or rows < slots
+        if tail:  # a cache of full width: no phase ends
+            phase, stop = len(caps_p) - 1, min(k + per_round, last + 1)
+        else:
+            while phase_end_p[phase] <= k:
+                phase += 1
+            stop = min(k + per_round, phase_end_p[phase], last + 1)
+        rows_k[k:stop] = rows
+        phase_k[k:stop] = phase
+        k = stop
+    sl = slice(1, last + 1)
+    return Schedule(rows_k[sl], live_k[sl], phase_k[sl], age_sum_k[sl], prompt_sum_k[sl])
