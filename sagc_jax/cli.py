@@ -97,7 +97,9 @@ def _compare_and_report(args, workload_factory, command: str):
 
     cfg = load_config(args.config, _timing_overrides(args))
     workload = workload_factory(cfg)
-    timer = step_timer(cfg, padded_width=cfg.sim.prompt_tokens + cfg.sim.max_new_tokens)
+    # the sampler's cap: the synthetic workload's, or the logged run's (sampling section)
+    cap = cfg.sim.max_new_tokens if command == "simulate" else cfg.sampling.max_new_tokens
+    timer = step_timer(cfg, cfg.sim.prompt_tokens + cfg.sim.max_new_tokens, max_new_tokens=cap)
     runs = compare(cfg, workload, timer)
     rows = summary_rows(runs)
     table = format_table(rows, timer.label, bootstrapped=command == "replay")

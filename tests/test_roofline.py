@@ -1,5 +1,6 @@
 """The roofline step-time model (sim/roofline.py) and `sagc-jax plan --hardware`, by hand."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from sagc_jax.sim.roofline import (
     rollout_seconds,
     update_seconds,
 )
+from sagc_jax.sim.steptime import Engine
 from sagc_jax.train.plan import architecture, step_prediction, step_timer, timed_architecture
 
 PAPER = Path(__file__).parent.parent / "configs" / "paper"
@@ -90,6 +92,113 @@ def test_synchronous_rollouts_wait_for_the_longest_and_continuous_ones_for_the_t
         rollout_seconds(COSTS, HW, lengths, prompt_tokens=0, regime="async")
 
 
+def compacting(lengths, prompts, **kwargs) -> dict:
+    """``rollout_seconds`` of the compacting regime on the test chip."""
+    return rollout_seconds(COSTS, HW, lengths, prompts, regime="compacting", eff=EFF, **kwargs)
+
+
+def test_compacting_rollouts_by_hand():
+    # lengths 1, 3 | 5, 9 (two prompts of two rollouts), prompts of 4 tokens, chunk 2, rungs
+    # 4, 2, 1 (tests/test_schedule.py): rows 4, 4, 2, 2, 1, 1, 1, 1, running 3, 3, 2, 2, 1, 1,
+    # 1, 1 of ages summing to 3, 6, 6, 8, 5, 6, 7, 8
+    lengths = [[1, 3], [5, 9]]
+    r = compacting(lengths, 4, max_new_tokens=9, chunk=2, row_buckets=3)
+    assert (r["decode_steps"], r["rows_decoded"], r["live_rows_decoded"]) == (8, 16, 14)
+    assert r["limit"] == "bandwidth"
+    # contexts: rows / running x (4 x running + age sum); finished rows cost the running mean
+    context = [4 / 3 * 15, 4 / 3 * 18, 14, 16, 9, 10, 11, 12]
+    decode = sum((2e9 + 1e5 * c) / 0.5e12 + 1e-4 for c in context)  # compute is smaller
+    assert r["seconds"] - r["prefill_seconds"] == pytest.approx(decode)
+    # one prefill per prompt: two prompts of 4 tokens (contexts 1 + 2 + 3 + 4 each)
+    assert r["prefill_seconds"] == pytest.approx((2e9 * 8 + 1e4 * 2 * 10) / 25e12)
+    sync = rollout_seconds(COSTS, HW, lengths, 4, eff=EFF)  # four prefills
+    assert sync["prefill_seconds"] == pytest.approx(2 * r["prefill_seconds"])
+    with pytest.raises(ValueError, match="longer than max_new_tokens = 8"):
+        compacting(lengths, 4, max_new_tokens=8)
+
+
+@pytest.mark.parametrize("chunk", [0, 2, 5])
+def test_compacting_with_one_rung_is_synchronous_less_its_last_step(chunk):
+    """All rows in every iteration (row_buckets 1, slots 0), a prompt per row of one length:
+    the same steps as synchronous but the last (synchronous decodes the longest row's last token
+    too, which the schedule draws in its previous iteration), the same prefill."""
+    lengths = np.random.default_rng(0).integers(1, 40, size=12)
+    lengths[3] = 40
+    sync = rollout_seconds(COSTS, HW, lengths, 6, devices=2, eff=EFF)
+    comp = compacting(lengths, 6, devices=2, max_new_tokens=40, chunk=chunk, row_buckets=1)
+    last, _ = decode_step(COSTS, HW, rows=12, context=12 * (6 + 40), devices=2, eff=EFF)
+    assert comp["prefill_seconds"] == sync["prefill_seconds"]
+    assert comp["decode_steps"] == sync["decode_steps"] - 1 == 39
+    assert comp["seconds"] == pytest.approx(sync["seconds"] - last)
+
+
+@pytest.mark.parametrize(("chunk", "buckets"), [(0, 4), (4, 2), (8, 4), (3, 6)])
+def test_compacting_with_all_slots_is_never_slower_than_synchronous(chunk, buckets):
+    """slots 0 and one prompt length: iteration k decodes rows_k <= B rows of contexts summing
+    to rows_k (prompt + k) <= B (prompt + k), synchronous's step k; and it prefills once per
+    prompt. (With fewer slots than rollouts it can be slower: test below.)"""
+    lengths = np.random.default_rng(1).integers(1, 60, size=(4, 8))
+    sync = rollout_seconds(COSTS, HW, lengths, 5, eff=EFF)
+    comp = compacting(lengths, 5, max_new_tokens=64, chunk=chunk, row_buckets=buckets)
+    last, _ = decode_step(COSTS, HW, rows=32, context=32 * (5 + lengths.max()), eff=EFF)
+    sync_decode = sync["seconds"] - sync["prefill_seconds"]
+    assert comp["seconds"] - comp["prefill_seconds"] <= sync_decode - last + 1e-12
+    assert comp["prefill_seconds"] == pytest.approx(sync["prefill_seconds"] / 8)
+    if buckets > 1 and chunk:
+        assert comp["rows_decoded"] < 32 * comp["decode_steps"]  # finished rows left
+
+
+def test_fewer_slots_than_rollouts_can_cost_more_than_synchronous():
+    # 8 rollouts of 10 tokens through 4 slots: two waves of 9 iterations, each reading the
+    # weights, against 10 synchronous steps of 8 rows (bandwidth-bound: the weights dominate)
+    sync = rollout_seconds(COSTS, HW, [10] * 8, 5, eff=EFF)
+    comp = compacting([10] * 8, 5, slots=4)
+    assert comp["decode_steps"] == 18 and comp["rows_decoded"] == 72
+    assert comp["seconds"] > sync["seconds"]
+
+
+def test_compacting_prefills_each_prompt_once():
+    # rows 0-2 share a prompt of 4 tokens, row 3 has its own of 9
+    lengths, prompts = [3, 2, 5, 4], np.array([4, 4, 4, 9])
+    r = compacting(lengths, prompts, group_sizes=[3, 1])
+    assert r["prefill_seconds"] == pytest.approx((2e9 * 13 + 1e4 * (10 + 45)) / 25e12)
+    flat = compacting(lengths, prompts)  # a flat batch without sizes: a prompt per row
+    assert flat["prefill_seconds"] == pytest.approx((2e9 * 21 + 1e4 * (30 + 45)) / 25e12)
+    with pytest.raises(ValueError, match="sum to the 4 rows"):
+        compacting(lengths, 4, group_sizes=[2, 1])
+
+
+def test_step_timer_replays_the_sampler_settings():
+    engine = Engine(max_new_tokens=64, decode_chunk="auto", row_buckets=2, slots="auto")
+    # 'auto' slots are modeled as all rows; a longer completion raises the cap
+    assert engine.settings([10, 70]) == {
+        "slots": 0,
+        "max_new_tokens": 70,
+        "chunk": 32,
+        "row_buckets": 2,
+    }
+    sim = SimConfig(hardware="h100", devices=2)
+    lengths = np.array([[10, 30], [20, 64]])
+    t = StepTimer(sim, COSTS, "test model", engine=engine)(lengths, 4)
+    comp = rollout_seconds(
+        COSTS,
+        HARDWARE["h100"],
+        lengths,
+        4,
+        2,
+        "compacting",
+        eff=Efficiency.of(sim),
+        max_new_tokens=64,
+        chunk=32,
+        row_buckets=2,
+    )
+    assert t.compacting == pytest.approx(comp["seconds"])
+    assert t.compacting < t.synchronous
+    cfg = load_config(None, ["sampling.row_buckets=2", "sampling.slots=8"])
+    assert step_timer(cfg, 64, max_new_tokens=512).engine == Engine(512, "auto", 2, 8)
+    assert step_timer(cfg, 64).engine.max_new_tokens == cfg.sampling.max_new_tokens
+
+
 def test_update_is_timed_on_the_tokens_it_processes():
     # forward + backward = 3 x (2 x 1e9 x tokens + 1e4 x context) at 25 TFLOP/s, per epoch
     seconds = update_seconds(COSTS, HW, tokens=1000, context=500_500, epochs=2, eff=EFF)
@@ -113,7 +222,11 @@ def test_plan_predicts_a_step(capsys):
     assert main(["plan", "--config", config, "--hardware", "h100", "--devices", "8"]) == 0
     out = capsys.readouterr().out
     assert "step on 8 x NVIDIA H100 SXM" in out and "fits in 80.0 GiB" in out
-    assert "rollout, synchronous:" in out and "bound" in out and "update:" in out
+    assert "rollout, synchronous" in out and "bound" in out and "update:" in out
+    # the sampler's own regime first, then the two others, each named
+    regimes = re.findall(r"^  rollout, (\w+) \(", out, re.M)
+    assert regimes == ["compacting", "synchronous", "continuous"]
+    assert "h with this sampler (compacting)" in out
     assert "measured here before" not in out  # no run of ours on an H100 yet
     assert main(["plan", "--config", config, "--hardware", "h200", "--devices", "1"]) == 0
     assert "measured here before (2026-12-01, one H200" in capsys.readouterr().out

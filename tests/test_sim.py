@@ -74,26 +74,32 @@ def test_custom_step_time_model_by_hand():
         step_overhead_seconds=1.0,
     )
     lengths = np.array([[10, 20], [30, 40]])
-    sync, cont, update = StepTimer(cfg)(lengths, prompt_tokens=5)
-    assert sync == pytest.approx(0.001 * 4 * 5 + 40 * (0.1 + 0.01 * 4))
+    t = StepTimer(cfg)(lengths, prompt_tokens=5)
+    assert t.synchronous == pytest.approx(0.001 * 4 * 5 + 40 * (0.1 + 0.01 * 4))
     # two slots (1 per chip x 2): 10 | 20, then 30 joins the first at 10 and 40 the second at
     # 20: 60 steps, each row's tokens once
-    assert cont == pytest.approx(0.001 * 4 * 5 + 60 * 0.1 + 0.01 * 100)
-    assert update == pytest.approx(1.0 + 0.002 * (4 * 5 + 100))
+    assert t.continuous == pytest.approx(0.001 * 4 * 5 + 60 * 0.1 + 0.01 * 100)
+    # the sampler (sampling defaults: all 4 rows, rungs 4 and 2 over 2 chips): two prefills;
+    # 39 iterations, 19 of 4 rows (4 or 3 running), then 20 of 2 (the last two, then the last)
+    assert t.compacting == pytest.approx(0.001 * 2 * 5 + 39 * 0.1 + 0.01 * (4 * 19 + 2 * 20))
+    assert t.update == pytest.approx(1.0 + 0.002 * (4 * 5 + 100))
 
 
 def test_sagc_meets_the_done_criteria_on_the_calibrated_workload():
     """SAGC near delta where fixed 16 is not, cheaper than fixed 16, larger G than fixed 4."""
     cfg = load_config("configs/sim/reasoning_drift.yaml")
-    timer = step_timer(cfg, cfg.sim.prompt_tokens + cfg.sim.max_new_tokens)
+    timer = step_timer(cfg, cfg.sim.prompt_tokens + cfg.sim.max_new_tokens, cfg.sim.max_new_tokens)
     assert timer.label == "qwen2.5-3b on 8 x h100"
     runs = compare(cfg, SyntheticWorkload(cfg.sim), timer)
     rows = {r["controller"]: r for r in summary_rows(runs)}
     delta = cfg.controller.sagc.delta
     assert abs(rows["sagc"]["straggler_rate"] - delta) <= 0.05
     assert rows["fixed:16"]["straggler_rate"] > delta + 0.1
-    for regime in ("synchronous_h", "continuous_h"):
+    for regime in ("compacting_h", "synchronous_h", "continuous_h"):
         assert rows["sagc"][regime] < rows["fixed:16"][regime]
+    # the sampler compacting its rows: between keeping every row and continuous batching
+    for row in rows.values():
+        assert row["continuous_h"] < row["compacting_h"] < row["synchronous_h"]
     assert rows["sagc"]["mean_log2_G"] > rows["fixed:4"]["mean_log2_G"]
     # SAGC+ keeps the budget SAGC overshoots, at a lower modeled time
     assert rows["sagc_plus"]["straggler_rate"] <= delta + 0.01
@@ -259,10 +265,15 @@ def test_step_time_of_mixed_groups_follows_the_longest_sequence():
     )
     timer = StepTimer(cfg)
     lengths = np.array([[10, 20], [30, 40]])
-    assert timer(lengths.ravel(), 5) == timer(lengths, 5)
-    sync, _, update = timer(np.array([10, 20, 30, 40, 50]), np.array([5, 5, 7, 7, 7]))
-    assert sync == pytest.approx(0.001 * 31 + 50 * (0.1 + 0.01 * 5))
-    assert update == pytest.approx(cfg.step_overhead_seconds + cfg.update_token_seconds * 181)
+    assert timer(lengths.ravel(), 5, group_sizes=[2, 2]) == timer(lengths, 5)
+    flat = timer(lengths.ravel(), 5)  # without sizes, a prompt per row: two more prefills
+    assert flat.compacting - timer(lengths, 5).compacting == pytest.approx(0.001 * 2 * 5)
+    t = timer(np.array([10, 20, 30, 40, 50]), np.array([5, 5, 7, 7, 7]))
+    assert t.synchronous == pytest.approx(0.001 * 31 + 50 * (0.1 + 0.01 * 5))
+    assert t.update == pytest.approx(cfg.step_overhead_seconds + cfg.update_token_seconds * 181)
+    # the sampler prefills each prompt once: groups of 2 and 3 rows, prompts 5 and 7
+    grouped = timer(np.array([10, 20, 30, 40, 50]), np.array([5, 5, 7, 7, 7]), [2, 3])
+    assert t.compacting - grouped.compacting == pytest.approx(0.001 * (31 - 12))
 
 
 @pytest.mark.parametrize("budget", [0, 80])
@@ -323,6 +334,9 @@ def test_simulate_command_with_the_prompt_aware_controllers(tmp_path, capsys):
     assert "| hybrid |" in printed and "| hybrid:per_prompt |" in printed
     assert "over 2 seeds" in printed and "log2 G - sagc" in printed  # the multi-seed table
     # both tables name the model, hardware and regime of their modeled hours
-    assert printed.count("modeled h, llama-3.2-1b on 4 x tpu-v5e, synchronous") == 2
+    assert printed.count("modeled h, llama-3.2-1b on 4 x tpu-v5e, compacting") == 2
+    assert "modeled h, llama-3.2-1b on 4 x tpu-v5e, synchronous" in printed
+    assert "| modeled h, synchronous |" in printed and "modeled h, continuous batching" in printed
+    assert "compacting h - sagc" in printed
     calibration = (out / "calibration.csv").read_text().splitlines()
     assert calibration[0].startswith("controller,bin_low") and len(calibration) == 1 + 2 * 10

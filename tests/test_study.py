@@ -83,13 +83,14 @@ def test_time_to_accuracy_counts_the_steps_before_the_evaluation():
 def test_modeled_time_replays_the_logged_lengths():
     lengths = [[10, 40, 12], [9, 11, 300]]
     steps, _ = _log({}, [1.0, 1.0], lengths, prompt_tokens=7)
-    sync, cont, update = TIMER(np.array(lengths), 7)
+    t = TIMER(np.array(lengths), 7)  # [P, G]: a prompt per group
     modeled = modeled_step_seconds(steps, TIMER)
-    np.testing.assert_allclose(modeled["synchronous"], [sync + update] * 2)
-    np.testing.assert_allclose(modeled["continuous"], [cont + update] * 2)
+    for regime in ("compacting", "synchronous", "continuous"):
+        np.testing.assert_allclose(modeled[regime], [getattr(t, regime) + t.update] * 2)
     # a straggler costs modeled time: the same step without the 300-token rollout is cheaper
     short, _ = _log({}, [1.0], [[10, 40, 12], [9, 11, 13]], prompt_tokens=7)
-    assert modeled_step_seconds(short, TIMER)["synchronous"][0] < sync + update
+    assert modeled_step_seconds(short, TIMER)["synchronous"][0] < t.synchronous + t.update
+    assert modeled_step_seconds(short, TIMER)["compacting"][0] < t.compacting + t.update
 
 
 def test_run_measures_by_hand():
@@ -134,8 +135,10 @@ def test_mixed_group_sizes_count_every_rollout():
     work and mean log2 G read every rollout as a flat batch would."""
     mixed = [[10, 40, 12, 9], [11, 300]]  # sizes 4 and 2
     steps, evals = _log({1: 0.5}, [1.0], mixed, decode_steps=300, prompt_tokens=7)
-    sync, _, update = TIMER(np.array([10, 40, 12, 9, 11, 300]), 7)
-    np.testing.assert_allclose(modeled_step_seconds(steps, TIMER)["synchronous"], [sync + update])
+    t = TIMER(np.array([10, 40, 12, 9, 11, 300]), 7, group_sizes=[4, 2])
+    modeled = modeled_step_seconds(steps, TIMER)
+    np.testing.assert_allclose(modeled["synchronous"], [t.synchronous + t.update])
+    np.testing.assert_allclose(modeled["compacting"], [t.compacting + t.update])
     m = run_measures(steps, evals, TIMER, target=0.4)
     assert m["decode_slots_M"] * 1e6 == 6 * 300
     assert m["update_tokens_M"] * 1e6 == pytest.approx(382 + 6 * 7)

@@ -92,8 +92,10 @@ def format_tables(result: dict) -> str:
     text = (
         f"Mean over seeds ± 95% CI (Student t). Time to target: until held-out accuracy first "
         f"reaches {result['target']:.3f} (90% of the best fixed G's mean final accuracy). "
-        f"Modeled: the logged lengths re-timed as {timed} (sim section; rollouts synchronous, "
-        "or continuous batching).\n\n" + format_rows(result["rows"], timed=timed)
+        f"Modeled: the logged lengths re-timed as {timed} (sim section) in three rollout "
+        "regimes: compacting (this sampler: finished rows leave the batch, slots refill), "
+        "synchronous (every row until the longest ends) and continuous batching (vLLM-style)."
+        "\n\n" + format_rows(result["rows"], timed=timed)
     )
     if result["paired"]:
         text += "\n\nPaired differences on the same seeds (± 95% CI; x: ratio of the means):\n\n"

@@ -3,8 +3,9 @@
 Per run (``run_measures``): the last held-out accuracy; wall-clock (the steps' own time, without
 evaluations and checkpoints); the *modeled accelerator time*, the run's logged lengths re-timed
 by the step-time model (``sim.steptime.StepTimer``: the config's ``sim`` section names the model,
-hardware and devices) with synchronous rollouts and with continuous batching, because on a CPU
-the mix of decode and update time differs from an accelerator's; the
+hardware and devices) in each rollout regime of ``sim.steptime.REGIMES`` (compacting, the
+sampler's own; synchronous; continuous batching), because on a CPU the mix of decode and update
+time differs from an accelerator's; the
 work done, independent of the machine (decode slots: rows x decode steps the sampler ran; update
 tokens: prompt + completion tokens trained on); time-to-accuracy, wall-clock and modeled, until
 held-out accuracy first reaches a target; the straggler rate; mean G and mean log2 G over every
@@ -43,11 +44,9 @@ LAST_STEPS = 10  # the "final" completion length: mean over this many last steps
 MEASURES = (
     ("accuracy", "final held-out accuracy", "{:.3f}"),
     ("wall_clock_s", "wall-clock (s)", "{:.0f}"),
-    ("synchronous_s", "modeled s, {timed}, synchronous", "{:.1f}"),
-    ("continuous_s", "modeled s, {timed}, continuous", "{:.1f}"),
+    *((f"{r}_s", f"modeled s, {{timed}}, {r}", "{:.1f}") for r in REGIMES),
     ("tta_wall_s", "time to target, wall (s)", "{:.0f}"),
-    ("tta_synchronous_s", "time to target, modeled s, synchronous", "{:.1f}"),
-    ("tta_continuous_s", "time to target, modeled s, continuous", "{:.1f}"),
+    *((f"tta_{r}_s", f"time to target, modeled s, {r}", "{:.1f}") for r in REGIMES),
     ("straggler_rate", "straggler rate", "{:.3f}"),
     ("mean_G", "mean G", "{:.2f}"),
     ("mean_log2_G", "mean log2 G", "{:.2f}"),
@@ -67,11 +66,9 @@ CALIBRATION = (
 PAIRED = (
     ("accuracy", "{:+.3f}"),
     ("wall_clock_s", "{:+.0f}"),
-    ("synchronous_s", "{:+.1f}"),
-    ("continuous_s", "{:+.1f}"),
+    *((f"{r}_s", "{:+.1f}") for r in REGIMES),
     ("tta_wall_s", "{:+.0f}"),
-    ("tta_synchronous_s", "{:+.1f}"),
-    ("tta_continuous_s", "{:+.1f}"),
+    *((f"tta_{r}_s", "{:+.1f}") for r in REGIMES),
     ("straggler_rate", "{:+.3f}"),
     ("mean_log2_G", "{:+.2f}"),
 )
@@ -113,11 +110,16 @@ def step_lengths(record: dict) -> np.ndarray:
 
 def modeled_step_seconds(steps: list[dict], timer: StepTimer) -> dict[str, np.ndarray]:
     """Per rollout regime, float [steps]: each logged step's rollout + update seconds by
-    ``timer``, from its lengths (every sampling round) and mean prompt tokens per rollout."""
-    times = np.array(
-        [timer(step_lengths(r), int(r["prompt_tokens"])) for r in steps], float
-    ).reshape(len(steps), 3)
-    return {regime: times[:, i] + times[:, 2] for i, regime in enumerate(REGIMES)}
+    ``timer``, from its lengths (every sampling round; each group one prompt) and mean prompt
+    tokens per rollout."""
+    times = [
+        timer(step_lengths(r), int(r["prompt_tokens"]), [len(g) for g in r["lengths"]])
+        for r in steps
+    ]
+    return {
+        regime: np.array([getattr(t, regime) + t.update for t in times], float)
+        for regime in REGIMES
+    }
 
 
 def time_to_accuracy(steps: list[dict], evals: list[dict], step_s, target: float) -> float:

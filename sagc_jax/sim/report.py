@@ -8,22 +8,34 @@ from pathlib import Path
 import numpy as np
 
 from sagc_jax.sim.runner import SimRun
+from sagc_jax.sim.steptime import REGIMES
+
+# What each rollout regime's column is (sim/roofline.py): the sampler compacting its rows, the
+# sampler before that (finished rows stay), vLLM-style continuous batching.
+REGIME_TITLES = {
+    "compacting": "compacting",
+    "synchronous": "synchronous",
+    "continuous": "continuous batching",
+}
 
 
 def _columns(timed: str, reference: str) -> tuple:
     """(key, title, format) of the table; the modeled hours name what they are of (``timed``:
-    the model and hardware of the step-time model) and the rollout regime."""
+    the model and hardware of the step-time model) and the rollout regime, the sampler's own
+    (compacting) first."""
+    hours = []
+    for i, regime in enumerate(REGIMES):
+        of = f"{timed}, " if i == 0 else ""
+        hours.append((f"{regime}_h", f"modeled h, {of}{REGIME_TITLES[regime]}", "{:.2f}"))
+        hours.append((f"{regime}_vs_ref", f"vs {reference}", "{:.2f}x"))
     return (
         ("controller", "controller", "{}"),
         ("straggler_rate", "straggler rate", "{:.3f}"),
         ("mean_G", "mean G", "{:.2f}"),
         ("mean_log2_G", "mean log2 G", "{:.2f}"),
         ("rollouts", "rollouts", "{:d}"),
-        ("synchronous_h", f"modeled h, {timed}, synchronous", "{:.2f}"),
-        ("synchronous_vs_ref", f"vs {reference}", "{:.2f}x"),
-        ("continuous_h", "modeled h, continuous batching", "{:.2f}"),
-        ("continuous_vs_ref", f"vs {reference}", "{:.2f}x"),
-        ("rollout_share", "rollout share (synchronous)", "{:.2f}"),
+        *hours,
+        ("rollout_share", f"rollout share ({REGIMES[0]})", "{:.2f}"),
         ("padding_waste", "padding waste", "{:.3f}"),
     )
 
@@ -45,7 +57,7 @@ def summary_rows(runs: list[SimRun], reference: str = REFERENCE) -> list[dict]:
     rows = [run.summary() for run in runs]
     ref = next((r for r in rows if r["controller"] == reference), None)
     for row in rows:
-        for regime in ("synchronous", "continuous"):
+        for regime in REGIMES:
             hours = ref[f"{regime}_h"] if ref else float("nan")
             row[f"{regime}_vs_ref"] = row[f"{regime}_h"] / hours if hours else float("nan")
     return rows
@@ -94,8 +106,7 @@ def write_csv(runs: list[SimRun], rows: list[dict], out_dir: Path) -> list[Path]
                 "padding_waste",
                 "max_ratio",
                 "mean_length",
-                "rollout_s",
-                "continuous_rollout_s",
+                *(f"{regime}_rollout_s" for regime in REGIMES),
                 "update_s",
             ]
             + [f"posterior_mean_G{g}" for g in candidates]
@@ -113,8 +124,7 @@ def write_csv(runs: list[SimRun], rows: list[dict], out_dir: Path) -> list[Path]
                         f"{run.padding_waste[t]:.6g}",
                         f"{run.max_ratio[t]:.6g}",
                         f"{run.mean_length[t]:.6g}",
-                        f"{run.rollout_seconds[t]:.6g}",
-                        f"{run.continuous_rollout_seconds[t]:.6g}",
+                        *(f"{run.rollout_seconds[regime][t]:.6g}" for regime in REGIMES),
                         f"{run.update_seconds[t]:.6g}",
                     ]
                     + [

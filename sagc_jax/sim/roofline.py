@@ -13,10 +13,20 @@ parallel) and each chip holds the weights it decodes with.
 - Prefill and the update: FLOPs of the tokens actually processed (packed rows: the real tokens;
   padded rows: rows x width) over ``devices x peak x MFU``; the update costs forward + backward
   (3x the forward's FLOPs) per epoch.
-- Two rollout regimes: ``synchronous`` (today's sampler: every row of the step stays in the
-  batch until the longest ends, so the step's time follows its longest completion) and
-  ``continuous`` batching with a fixed number of slots (vLLM-style: a finished row's slot takes
-  the next rollout, so time follows the total tokens, bounded below by the longest completion).
+- Three rollout regimes (``REGIMES``):
+
+  - ``compacting``: the project's sampler (``sampling/sampler.py``), its decode iterations
+    replayed by ``sampling.schedule.simulate`` (whose docstring gives the order of events): one
+    prefill per prompt; ``slots`` rows decode at once and a finished row's slot takes the next
+    waiting rollout; with none waiting, the rows still running are gathered into the smallest of
+    ``row_buckets`` row counts that holds them. The finished rows that fill the rest of a row
+    count cost what the running ones do on average.
+  - ``synchronous``: the sampler before row compaction: every row of the step stays in the
+    batch until the longest ends (a finished row keeps its growing cache), each row prefills its
+    own prompt, so the step's time follows its longest completion.
+  - ``continuous`` batching with a fixed number of slots (vLLM-style: a finished row's slot
+    takes the next rollout at once, each step reads only the active rows' caches), so time
+    follows the total tokens, bounded below by the longest completion.
 
 The efficiency factors (``Efficiency``) are assumptions to override, not measurements: no
 device run of this project has measured them at real RL sizes yet.
@@ -26,9 +36,13 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 
 import numpy as np
 
+from sagc_jax.sampling import schedule
+
+REGIMES = ("compacting", "synchronous", "continuous")  # the first is the sampler's own
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -183,6 +197,71 @@ def slot_schedule(lengths, slots: int) -> np.ndarray:
     return starts
 
 
+def _prefill_seconds(costs: ModelCosts, hw: Hardware, prompts, devices: int, eff) -> float:
+    """Seconds of prefilling prompts of ``prompts`` tokens (int [P]), each token attending over
+    the tokens before it."""
+    prompts = np.asarray(prompts, np.int64)
+    flops = costs.forward_flops(prompts.sum(), (prompts * (prompts + 1) / 2).sum())
+    return dense_seconds(flops, hw, devices, eff)
+
+
+def _decode_seconds(costs: ModelCosts, hw: Hardware, rows_k, context_k, devices: int, eff):
+    """``(seconds, limit)`` of decode steps k of ``rows_k`` rows whose contexts sum to
+    ``context_k`` tokens (float [K] each): the sum of the steps' times and the limit that binds
+    most of them (``bandwidth``, ``compute`` or ``launch``; ``none`` when K = 0)."""
+    if len(rows_k) == 0:
+        return 0.0, "none"
+    memory, compute = _decode_terms(costs, hw, rows_k, context_k, devices, eff)
+    bound = np.where(compute > memory, "compute", "bandwidth")
+    bound = np.where(np.maximum(memory, compute) < eff.launch_seconds, "launch", bound)
+    names, counts = np.unique(bound, return_counts=True)
+    seconds = float(np.maximum(memory, compute).sum()) + len(rows_k) * eff.launch_seconds
+    return seconds, str(names[np.argmax(counts)])
+
+
+def prompt_rows(shape, group_sizes=None) -> np.ndarray:
+    """int64 [P]: the first row of each prompt's rollouts among ``B`` rows read row-major.
+    ``shape``: the lengths' shape, ``[P, G]`` (P prompts of G rollouts) or ``[B]``;
+    ``group_sizes``: int [P], rollouts per prompt in row order (they must sum to B); None: a
+    ``[P, G]`` shape gives them, a flat ``[B]`` means one prompt per row."""
+    rows = int(np.prod(shape))
+    if group_sizes is None:
+        size = shape[1] if len(shape) == 2 else 1
+        return np.arange(0, rows, max(size, 1), dtype=np.int64)
+    sizes_p = np.asarray(group_sizes, np.int64).ravel()
+    if sizes_p.size == 0 or sizes_p.min() < 1 or sizes_p.sum() != rows:
+        raise ValueError(
+            f"group_sizes {sizes_p.tolist()} must be >= 1 each and sum to the {rows} rows of the "
+            "lengths"
+        )
+    return np.concatenate([[0], np.cumsum(sizes_p)[:-1]]).astype(np.int64)
+
+
+def _compacting(costs, hw, lengths, prompts, devices, eff, slots, max_new_tokens, chunk, buckets):
+    """The decode of the ``compacting`` regime: ``(seconds, limit, Schedule)``."""
+    lengths = np.maximum(lengths, 1)  # a completion has at least its first token
+    cap = int(lengths.max()) if max_new_tokens is None else int(max_new_tokens)
+    if lengths.max() > cap:
+        raise ValueError(
+            f"rollout_seconds: a completion of {int(lengths.max())} tokens is longer than "
+            f"max_new_tokens = {cap}; pass the sampler's cap (or None: the longest)"
+        )
+    rows = min(slots or lengths.size, lengths.size)
+    plan = schedule.simulate(
+        lengths,
+        cap,
+        slots=rows,
+        chunk=chunk,
+        row_buckets=buckets,
+        shards=math.gcd(rows, devices),  # the sampler needs slots a multiple of the shards
+        prompt_tokens_r=prompts,
+    )
+    # the finished rows that fill a row count cost the running rows' mean context
+    context_k = plan.rows_k / np.maximum(plan.live_k, 1) * (plan.prompt_sum_k + plan.age_sum_k)
+    seconds, limit = _decode_seconds(costs, hw, plan.rows_k, context_k, devices, eff)
+    return seconds, limit, plan
+
+
 def rollout_seconds(
     costs: ModelCosts,
     hw: Hardware,
@@ -192,30 +271,57 @@ def rollout_seconds(
     regime: str = "synchronous",
     slots: int | None = None,
     eff=None,
+    *,
+    max_new_tokens: int | None = None,
+    chunk: int = 0,
+    row_buckets: int = 1,
+    group_sizes=None,
 ) -> dict:
     """Seconds of one step's rollouts: ``lengths`` are the completions' lengths (``[B]`` or
     ``[P, G]``, read row-major), ``prompt_tokens`` their prompt lengths (one int, or ``[B]``).
 
-    ``synchronous``: prefill, then ``max(lengths)`` decode steps of all ``B`` rows (finished
-    rows keep their slot and their growing cache). ``continuous``: ``slots`` rows in all
-    (default ``B``) decode at a time and a finished row's slot takes the next rollout
-    (``slot_schedule``), so the step lasts until the last slot finishes, at least
+    ``synchronous``: every row prefills its prompt, then ``max(lengths)`` decode steps of all
+    ``B`` rows (finished rows keep their slot and their growing cache). ``continuous``:
+    ``slots`` rows in all (default ``B``) decode at a time and a finished row's slot takes the
+    next rollout (``slot_schedule``), so the step lasts until the last slot finishes, at least
     ``sum / slots`` and at least the longest completion; each step reads the caches of the rows
-    active in it. Returns seconds, prefill seconds, decode steps and the limit that binds most
-    of them."""
+    active in it; every row prefills its prompt. ``compacting`` (the sampler): one prefill per
+    prompt (``group_sizes``, see ``prompt_rows``), then the decode iterations of
+    ``schedule.simulate`` through ``slots`` slots (None or 0: all ``B``; the sampler's
+    ``sampling.slots``), cache phases of ``chunk`` slots (``schedule.resolve_chunk``'s value;
+    0: one phase), ``row_buckets`` rungs, rows sharded over ``devices`` chips, lengths capped at
+    ``max_new_tokens`` (None: the longest); iteration k decodes ``rows_k`` rows whose contexts
+    sum to ``rows_k / live_k x`` the running rows' (prompt + age) tokens.
+
+    Returns seconds, prefill seconds, decode steps, the limit that binds most of them,
+    ``rows_decoded`` (rows summed over the decode steps) and ``live_rows_decoded`` (of those,
+    rows still running)."""
     eff = eff or Efficiency()
+    shape = np.shape(lengths)
     lengths = np.asarray(lengths, np.int64).ravel()
     prompts = np.broadcast_to(np.asarray(prompt_tokens, np.int64), lengths.shape)
     rows = lengths.size
-    prefill = dense_seconds(
-        costs.forward_flops(prompts.sum(), (prompts * (prompts + 1) / 2).sum()), hw, devices, eff
-    )
+    if regime == "compacting":
+        first_p = prompt_rows(shape, group_sizes)
+        prefill = _prefill_seconds(costs, hw, prompts[first_p], devices, eff)
+        decode, limit, plan = _compacting(
+            costs, hw, lengths, prompts, devices, eff, slots, max_new_tokens, chunk, row_buckets
+        )
+        return {
+            "seconds": prefill + decode,
+            "prefill_seconds": prefill,
+            "decode_steps": plan.decode_steps,
+            "limit": limit,
+            "rows_decoded": plan.rows_decoded,
+            "live_rows_decoded": plan.live_rows_decoded,
+        }
+    prefill = _prefill_seconds(costs, hw, prompts, devices, eff)
     if regime == "synchronous":
         starts, occupied = np.zeros(rows, np.int64), np.full(rows, lengths.max())
     elif regime == "continuous":
         starts, occupied = slot_schedule(lengths, min(slots or rows, rows)), lengths
     else:
-        raise ValueError(f"regime = {regime!r} is not allowed; use 'synchronous' or 'continuous'")
+        raise ValueError(f"regime = {regime!r} is not allowed; use one of {list(REGIMES)}")
     # Row i holds a slot in decode steps starts[i] .. starts[i] + occupied[i] - 1 (0-based) with
     # a context of prompt + (step - start + 1) tokens: count rows and sum contexts per step from
     # difference arrays (a row adds prompt - start + 1 + step to every step it is active in).
@@ -229,16 +335,14 @@ def rollout_seconds(
     np.add.at(offset, ends, -(prompts - starts + 1))
     active, offset = np.cumsum(active)[:-1], np.cumsum(offset)[:-1]
     context = offset + active * np.arange(num_steps)
-    memory, compute = _decode_terms(costs, hw, active, context, devices, eff)
-    bound = np.where(compute > memory, "compute", "bandwidth")
-    bound = np.where(np.maximum(memory, compute) < eff.launch_seconds, "launch", bound)
-    names, counts = np.unique(bound, return_counts=True)
-    decode = float(np.maximum(memory, compute).sum()) + num_steps * eff.launch_seconds
+    decode, limit = _decode_seconds(costs, hw, active, context, devices, eff)
     return {
         "seconds": prefill + decode,
         "prefill_seconds": prefill,
         "decode_steps": num_steps,
-        "limit": str(names[np.argmax(counts)]),
+        "limit": limit,
+        "rows_decoded": int(active.sum()),
+        "live_rows_decoded": int(lengths.sum()),
     }
 
 

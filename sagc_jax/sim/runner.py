@@ -8,7 +8,7 @@ import numpy as np
 
 from sagc_jax.config import Config
 from sagc_jax.controller import GroupController, make_controller
-from sagc_jax.sim.steptime import StepTimer
+from sagc_jax.sim.steptime import REGIMES, StepTimer
 
 
 @dataclasses.dataclass
@@ -25,8 +25,7 @@ class SimRun:
     padding_waste: np.ndarray  # float [T]
     max_ratio: np.ndarray  # float [T], largest group max/median of the step
     group_ratios: list[np.ndarray]  # per step, [num_groups]
-    rollout_seconds: np.ndarray  # float [T], synchronous rollouts (StepTimer)
-    continuous_rollout_seconds: np.ndarray  # float [T], continuous batching
+    rollout_seconds: dict[str, np.ndarray]  # regime (REGIMES) -> float [T] (StepTimer)
     update_seconds: np.ndarray  # float [T]
     mean_length: np.ndarray  # float [T]
     num_sequences: np.ndarray  # int [T], rollouts generated at each step
@@ -34,20 +33,19 @@ class SimRun:
     calibration: dict | None = None  # prompt-aware controllers: predicted vs observed straggle
 
     def summary(self) -> dict:
-        """One row of the comparison table: modeled hours with synchronous and with continuous
-        rollouts (the update alike in both)."""
+        """One row of the comparison table: modeled hours in each rollout regime (``REGIMES``;
+        the update alike in all) and the rollout share of the first, the sampler's own."""
         update = float(self.update_seconds.sum())
-        synchronous = float(self.rollout_seconds.sum()) + update
-        continuous = float(self.continuous_rollout_seconds.sum()) + update
+        total = {regime: float(self.rollout_seconds[regime].sum()) + update for regime in REGIMES}
+        primary = total[REGIMES[0]]
         return {
             "controller": self.name,
             "straggler_rate": float(self.s_t.mean()),
             "mean_G": float(self.group_size.mean()),
             "mean_log2_G": float(self.log2_group_size.mean()),
             "rollouts": int(self.num_sequences.sum()),
-            "synchronous_h": synchronous / 3600.0,
-            "continuous_h": continuous / 3600.0,
-            "rollout_share": (synchronous - update) / synchronous if synchronous else 0.0,
+            **{f"{regime}_h": total[regime] / 3600.0 for regime in REGIMES},
+            "rollout_share": (primary - update) / primary if primary else 0.0,
             "padding_waste": float(self.padding_waste.mean()),
             "bootstrapped_steps": self.bootstrapped_steps,
         }
@@ -90,7 +88,7 @@ def run_controller(name: str, controller: GroupController, workload, timer: Step
     k = len(controller.candidates)
     hist = {
         key: np.zeros(steps)
-        for key in ("g", "log2_g", "s_t", "lam", "waste", "max_ratio", "sync", "cont", "update")
+        for key in ("g", "log2_g", "s_t", "lam", "waste", "max_ratio", "update", *REGIMES)
     }
     hist["mean_len"] = np.zeros(steps)
     num_sequences = np.zeros(steps, dtype=np.int64)
@@ -101,7 +99,7 @@ def run_controller(name: str, controller: GroupController, workload, timer: Step
         sizes_p, lengths_b, tokens, m = _play_step(controller, workload, t)
         if hasattr(workload, "is_bootstrapped"):
             bootstrapped += workload.is_bootstrapped(t, int(sizes_p.max()))
-        seconds = timer(lengths_b, tokens)
+        seconds = timer(lengths_b, tokens, group_sizes=sizes_p)
         hist["g"][t] = lengths_b.size / sizes_p.size
         hist["log2_g"][t] = np.log2(sizes_p).mean()
         num_sequences[t] = lengths_b.size
@@ -109,7 +107,8 @@ def run_controller(name: str, controller: GroupController, workload, timer: Step
         hist["lam"][t] = m.get("lambda", 0.0)
         hist["waste"][t] = m["padding_waste"]
         hist["max_ratio"][t] = m["max_ratio"]
-        hist["sync"][t], hist["cont"][t], hist["update"][t] = seconds
+        for key, value in seconds._asdict().items():
+            hist[key][t] = value
         hist["mean_len"][t] = m["mean_length"]
         if m.get("posterior_mean") is not None:
             posterior[t] = m["posterior_mean"]
@@ -125,8 +124,7 @@ def run_controller(name: str, controller: GroupController, workload, timer: Step
         padding_waste=hist["waste"],
         max_ratio=hist["max_ratio"],
         group_ratios=ratios,
-        rollout_seconds=hist["sync"],
-        continuous_rollout_seconds=hist["cont"],
+        rollout_seconds={regime: hist[regime] for regime in REGIMES},
         update_seconds=hist["update"],
         mean_length=hist["mean_len"],
         num_sequences=num_sequences,

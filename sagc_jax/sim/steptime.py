@@ -1,8 +1,11 @@
-"""Modeled seconds of a training step from its rollout lengths, in both rollout regimes.
+"""Modeled seconds of a training step from its rollout lengths, in three rollout regimes.
 
 ``StepTimer`` times a step's rollouts and update on ``sim.devices`` chips of ``sim.hardware``
-with a model's costs (``sim.roofline``): the rollouts ``synchronous`` (every row stays in the
-batch until the longest ends: today's sampler) and ``continuous`` (``sim.slots`` rows per chip
+with a model's costs (``sim.roofline``): the rollouts ``compacting`` (the project's sampler:
+one prefill per prompt, ``sampling.slots`` slots refilled, the running rows gathered into the
+smallest of ``sampling.row_buckets`` row counts, cache phases of ``sampling.decode_chunk``;
+``Engine`` holds those settings), ``synchronous`` (every row stays in the batch until the
+longest ends: the sampler before row compaction) and ``continuous`` (``sim.slots`` rows per chip
 decode at a time and a finished row's slot takes the next rollout), the update on the tokens it
 processes (packed: the real tokens; padded: rows x (longest prompt + max_new_tokens)).
 
@@ -14,22 +17,60 @@ prompt token, the update ``step_overhead_seconds + update_token_seconds`` per re
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import NamedTuple
 
 import numpy as np
 
-from sagc_jax.config import SimConfig
+from sagc_jax.config import SamplingConfig, SimConfig
+from sagc_jax.sampling import schedule
 from sagc_jax.sim import roofline
 
-REGIMES = ("synchronous", "continuous")
+REGIMES = roofline.REGIMES  # compacting (the sampler), synchronous, continuous
 
 
 class StepTime(NamedTuple):
-    """Seconds of one step: its rollouts in each regime and its update."""
+    """Seconds of one step: its rollouts in each regime (``REGIMES``) and its update."""
 
+    compacting: float
     synchronous: float
     continuous: float
     update: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """The sampler's settings the ``compacting`` regime replays (``sampling.schedule``).
+
+    max_new_tokens: the sampler's length cap (0: each step's longest completion; a step with a
+    longer completion raises it to that length); decode_chunk: ``sampling.decode_chunk`` (an int
+    or 'auto', resolved against the cap); row_buckets: ``sampling.row_buckets``; slots:
+    ``sampling.slots``, rows decoded at once over all chips (0: all of the step's rollouts;
+    'auto', which the sampler sizes from the device memory, is modeled as 0).
+    """
+
+    max_new_tokens: int = 0
+    decode_chunk: int | str = SamplingConfig.decode_chunk
+    row_buckets: int = SamplingConfig.row_buckets
+    slots: int | str = SamplingConfig.slots
+
+    @classmethod
+    def of(cls, sampling: SamplingConfig, max_new_tokens: int) -> Engine:
+        """The settings of a ``SamplingConfig``, with the cap of the lengths timed (the run's
+        ``sampling.max_new_tokens``, or ``sim.max_new_tokens`` for the synthetic workload)."""
+        return cls(max_new_tokens, sampling.decode_chunk, sampling.row_buckets, sampling.slots)
+
+    def settings(self, lengths) -> dict:
+        """``rollout_seconds``'s compacting keywords for a step of ``lengths``: slots, cap,
+        resolved chunk and row buckets."""
+        cap = max(self.max_new_tokens, int(np.max(lengths, initial=1)))
+        slots = 0 if self.slots == "auto" else int(self.slots)
+        return {
+            "slots": slots,
+            "max_new_tokens": cap,
+            "chunk": schedule.resolve_chunk(cap, self.decode_chunk),
+            "row_buckets": self.row_buckets,
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,13 +78,14 @@ class StepTimer:
     """Times steps on ``sim.devices`` x ``sim.hardware`` with ``costs`` (the model named
     ``model_name``; None with ``hardware: custom``). ``padded_width``: tokens of a padded update
     row (longest prompt bucket + max_new_tokens); None for packed updates. ``epochs``: update
-    passes over each batch."""
+    passes over each batch. ``engine``: the sampler's settings (``compacting``)."""
 
     sim: SimConfig
     costs: roofline.ModelCosts | None = None
     model_name: str = ""
     padded_width: int | None = None
     epochs: int = 1
+    engine: Engine = Engine()
 
     def __post_init__(self):
         if self.sim.hardware != "custom" and self.costs is None:
@@ -56,18 +98,28 @@ class StepTimer:
             return "custom constants"
         return f"{self.model_name} on {self.sim.devices} x {self.sim.hardware}"
 
-    def __call__(self, lengths, prompt_tokens) -> StepTime:
+    def __call__(self, lengths, prompt_tokens, group_sizes=None) -> StepTime:
         """Seconds of a step whose completions have ``lengths`` (``[B]`` or ``[P, G]``, groups of
-        any sizes flattened in order) and prompts ``prompt_tokens`` (an int or ``[B]``)."""
+        any sizes flattened in order) and prompts ``prompt_tokens`` (an int or ``[B]``).
+        ``group_sizes``: int [P], rollouts per prompt in row order (the compacting regime
+        prefills each prompt once); None: a ``[P, G]`` shape gives them, a flat ``[B]`` means
+        one prompt per row."""
+        first_p = roofline.prompt_rows(np.shape(lengths), group_sizes)
         lengths = np.asarray(lengths, np.int64).ravel()
         prompts = np.broadcast_to(np.asarray(prompt_tokens, np.int64), lengths.shape)
+        sizes_p = np.diff(np.append(first_p, lengths.size))
         if self.sim.hardware == "custom":
-            return self._custom(lengths, prompts)
+            return self._custom(lengths, prompts, sizes_p)
         hw, sim = roofline.HARDWARE[self.sim.hardware], self.sim
         eff = roofline.Efficiency.of(sim)
+        settings = {  # what each regime needs besides the lengths
+            "compacting": {"group_sizes": sizes_p, **self.engine.settings(lengths)},
+            "synchronous": {},
+            "continuous": {"slots": sim.slots * sim.devices},
+        }
         rollout = {
             regime: roofline.rollout_seconds(
-                self.costs, hw, lengths, prompts, sim.devices, regime, sim.slots * sim.devices, eff
+                self.costs, hw, lengths, prompts, sim.devices, regime, eff=eff, **settings[regime]
             )["seconds"]
             for regime in REGIMES
         }
@@ -85,9 +137,9 @@ class StepTimer:
             self.epochs,
             eff,
         )
-        return StepTime(rollout["synchronous"], rollout["continuous"], update)
+        return StepTime(**rollout, update=update)
 
-    def _custom(self, lengths, prompts) -> StepTime:
+    def _custom(self, lengths, prompts, sizes_p) -> StepTime:
         sim = self.sim
         prefill = sim.prefill_token_seconds * float(prompts.sum())
         rows = lengths.size
@@ -101,7 +153,22 @@ class StepTimer:
         continuous = (
             prefill + steps * sim.decode_step_seconds + sim.decode_seq_seconds * lengths.sum()
         )
+        # compacting: one prefill per prompt, the sampler's iterations, each costing its rows
+        settings = self.engine.settings(lengths)
+        width = min(settings.pop("slots") or rows, rows)
+        plan = schedule.simulate(
+            np.maximum(lengths, 1),
+            slots=width,
+            shards=math.gcd(width, sim.devices),
+            **settings,
+        )
+        first_p = np.concatenate([[0], np.cumsum(sizes_p)[:-1]])
+        compacting = (
+            sim.prefill_token_seconds * float(prompts[first_p].sum())
+            + plan.decode_steps * sim.decode_step_seconds
+            + sim.decode_seq_seconds * plan.rows_decoded
+        )
         update = sim.step_overhead_seconds + sim.update_token_seconds * float(
             prompts.sum() + lengths.sum()
         )
-        return StepTime(synchronous, float(continuous), update)
+        return StepTime(float(compacting), synchronous, float(continuous), update)

@@ -29,12 +29,13 @@ from sagc_jax.parallel import BATCH_AXES, MESH_AXES, RULES, mesh_shape
 from sagc_jax.sim.roofline import (
     HARDWARE,
     MEASURED,
+    REGIMES,
     Efficiency,
     model_costs,
     rollout_seconds,
     update_seconds,
 )
-from sagc_jax.sim.steptime import StepTimer
+from sagc_jax.sim.steptime import Engine, StepTimer
 from sagc_jax.tasks import CharTokenizer
 from sagc_jax.train.packing import resolve_pack_len
 from sagc_jax.train.policy import preset_architecture
@@ -108,20 +109,24 @@ def timed_architecture(cfg: Config) -> tuple[DecoderConfig, str]:
         raise ConfigError(f"sim.model: {err}") from None
 
 
-def step_timer(cfg: Config, padded_width: int) -> StepTimer:
+def step_timer(cfg: Config, padded_width: int, max_new_tokens: int | None = None) -> StepTimer:
     """The step-time model of ``cfg.sim`` (``sim.steptime.StepTimer``) for the model of
     ``timed_architecture``, with the config's update layout (``train.packing``; padded rows are
-    ``padded_width`` tokens) and ``train.epochs``."""
+    ``padded_width`` tokens), ``train.epochs`` and the sampler's settings (``sampling``) with a
+    cap of ``max_new_tokens`` (default ``sampling.max_new_tokens``; the synthetic workload's is
+    ``sim.max_new_tokens``)."""
     costs, name = None, ""
     if cfg.sim.hardware != "custom":
         arch, name = timed_architecture(cfg)
         costs = model_costs(arch)
+    cap = cfg.sampling.max_new_tokens if max_new_tokens is None else max_new_tokens
     return StepTimer(
         cfg.sim,
         costs,
         name,
         padded_width=None if cfg.train.packing else padded_width,
         epochs=cfg.train.epochs,
+        engine=Engine.of(cfg.sampling, cap),
     )
 
 
@@ -371,7 +376,10 @@ def step_prediction(
 
     Lengths: prompts as long as the longest bucket; one completion reaches
     ``max_new_tokens`` (the straggler every synchronous step waits for) and the others are
-    ``mean_new_tokens`` long (default: half of ``max_new_tokens``).
+    ``mean_new_tokens`` long (default: half of ``max_new_tokens``). Rollouts in each regime of
+    ``sim.roofline.REGIMES``: ``compacting`` with the config's sampling settings (one prefill per
+    prompt; ``sampling.slots: auto`` modeled as all rows), ``continuous`` with ``sim.slots`` per
+    chip.
     """
     if hardware not in HARDWARE:
         raise ConfigError(f"--hardware {hardware!r} is not known; choose one of {list(HARDWARE)}")
@@ -381,12 +389,19 @@ def step_prediction(
     rows = prompts_for(cfg, g) * g
     prompt, cap = max(cfg.sampling.prompt_buckets), cfg.sampling.max_new_tokens
     mean = min(cap, mean_new_tokens if mean_new_tokens is not None else max(1, cap // 2))
-    lengths = np.full(rows, mean)
-    lengths[0] = cap
-    eff, slots = Efficiency.of(cfg.sim), cfg.sim.slots * num_devices
+    lengths = np.full((rows // g, g), mean)
+    lengths[0, 0] = cap
+    eff = Efficiency.of(cfg.sim)
+    settings = {  # what each regime of sim.roofline.rollout_seconds needs besides the lengths
+        "compacting": Engine.of(cfg.sampling, cap).settings(lengths),
+        "synchronous": {},
+        "continuous": {"slots": cfg.sim.slots * num_devices},
+    }
     rollout = {
-        regime: rollout_seconds(costs, hw, lengths, prompt, num_devices, regime, slots, eff)
-        for regime in ("synchronous", "continuous")
+        regime: rollout_seconds(
+            costs, hw, lengths, prompt, num_devices, regime, eff=eff, **settings[regime]
+        )
+        for regime in REGIMES
     }
     # the update's tokens: packed rows hold the real tokens, padded rows prompt + cap each
     width = prompt + (int(lengths.mean()) if cfg.train.packing else cap)
@@ -411,6 +426,13 @@ def step_prediction(
     }
 
 
+_REGIME_NOTES = {  # what each rollout regime of the roofline is (sim/roofline.py)
+    "compacting": " (this sampler: finished rows leave, slots refill)",
+    "synchronous": " (every row until the longest ends)",
+    "continuous": " (vLLM-style: a finished row's slot refilled at once)",
+}
+
+
 def format_step(pred: dict) -> str:
     """The prediction of :func:`step_prediction` as lines of text."""
     hw, costs = pred["hardware"], pred["costs"]
@@ -427,9 +449,12 @@ def format_step(pred: dict) -> str:
     for date, machine, what in MEASURED.get(pred["hardware_key"], ()):
         lines.append(f"  measured here before ({date}, {machine}): {what}")
     for regime, r in pred["rollout"].items():
+        rows, padding = r["rows_decoded"], 1 - r["live_rows_decoded"] / max(r["rows_decoded"], 1)
         lines.append(
-            f"  rollout, {regime}: {r['seconds']:.2f} s ({r['decode_steps']} decode steps, "
-            f"{r['limit']}-bound; {pred['generated'] / r['seconds']:,.0f} generated tokens/s)"
+            f"  rollout, {regime}{_REGIME_NOTES[regime]}: {r['seconds']:.2f} s "
+            f"({r['decode_steps']} decode steps of {rows / max(r['decode_steps'], 1):,.0f} rows "
+            f"on average, {100 * padding:.0f}% of them finished; {r['limit']}-bound; "
+            f"{pred['generated'] / r['seconds']:,.0f} generated tokens/s)"
         )
     lines.append(
         f"  update: {pred['update_seconds']:.2f} s ({pred['update_tokens']:,} tokens "
@@ -440,8 +465,9 @@ def format_step(pred: dict) -> str:
         for regime, r in pred["rollout"].items()
     }
     lines.append(
-        f"  {pred['steps']} steps (train.steps) at this G: {hours['synchronous']:.1f} h with "
-        f"synchronous rollouts, {hours['continuous']:.1f} h with continuous batching (one "
-        "sampling round a step; no evaluation or checkpoint time)"
+        f"  {pred['steps']} steps (train.steps) at this G: {hours['compacting']:.1f} h with this "
+        f"sampler (compacting), {hours['synchronous']:.1f} h synchronous, "
+        f"{hours['continuous']:.1f} h with continuous batching (one sampling round a step; no "
+        "evaluation or checkpoint time)"
     )
     return "\n".join(lines)

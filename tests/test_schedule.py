@@ -1,0 +1,97 @@
+"""The sampler's schedule (sampling/schedule.py), by hand from its module docstring (numpy only).
+
+Rollouts of lengths 1, 3, 5, 9 (tokens, the first drawn from the prefill: a rollout of length l
+is decoded in l - 1 iterations at ages 1 .. l - 1), max_new_tokens 9, chunk 2: phases of 2, 4,
+6, 8 completion slots.
+"""
+
+import numpy as np
+import pytest
+
+from sagc_jax.sampling import schedule
+
+LENGTHS = [1, 3, 5, 9]
+PROMPTS = [7, 7, 11, 11]
+
+
+def test_phases_rungs_and_start_times_by_hand():
+    assert schedule.phase_slots(9, 2) == (2, 4, 6, 8)
+    assert schedule.phase_slots(9, 0) == (9,) == schedule.phase_slots(9, 8)
+    assert schedule.resolve_chunk(8192) == 1024 and schedule.resolve_chunk(64) == 32
+    assert schedule.row_rungs(4, 3) == (4, 2, 1)
+    assert schedule.row_rungs(1024, 4, shards=8) == (1024, 512, 256, 128)
+    assert schedule.row_rungs(24, 4, shards=8) == (24,)  # 12 does not split into 8 shards
+    with pytest.raises(ValueError, match="multiple of shards"):
+        schedule.row_rungs(12, 2, shards=8)
+    # two slots: rollout 0 ends at its first token, so rollout 2 takes its slot before the
+    # first iteration; rollout 1 (3 tokens) frees its slot at the end of iteration 2
+    np.testing.assert_array_equal(schedule.start_times(LENGTHS, 2), [0, 0, 0, 2])
+    np.testing.assert_array_equal(schedule.start_times(LENGTHS, 4), [0, 0, 0, 0])
+
+
+def test_all_slots_one_rung():
+    # every rollout starts at 0: at iteration k the running rows are those with l - 1 >= k,
+    # all of age k; phase p holds ages up to 2 (p + 1)
+    s = schedule.simulate(LENGTHS, 9, slots=0, chunk=2, row_buckets=1, prompt_tokens_r=PROMPTS)
+    np.testing.assert_array_equal(s.rows_k, [4] * 8)
+    np.testing.assert_array_equal(s.live_k, [3, 3, 2, 2, 1, 1, 1, 1])
+    np.testing.assert_array_equal(s.phase_k, [0, 0, 1, 1, 2, 2, 3, 3])
+    np.testing.assert_array_equal(s.age_sum_k, [3, 6, 6, 8, 5, 6, 7, 8])
+    np.testing.assert_array_equal(s.prompt_sum_k, [29, 29, 22, 22, 11, 11, 11, 11])
+    assert (s.decode_steps, s.rows_decoded, s.live_rows_decoded) == (8, 32, 14)
+
+
+def test_all_slots_three_rungs():
+    # rungs 4, 2, 1 for 3, 3, 2, 2, 1, ... running rows; from iteration 3 on they fit the second
+    # rung (the tail: a cache of full width, the last phase)
+    s = schedule.simulate(LENGTHS, 9, slots=0, chunk=2, row_buckets=3, prompt_tokens_r=PROMPTS)
+    np.testing.assert_array_equal(s.rows_k, [4, 4, 2, 2, 1, 1, 1, 1])
+    np.testing.assert_array_equal(s.live_k, [3, 3, 2, 2, 1, 1, 1, 1])
+    np.testing.assert_array_equal(s.phase_k, [0, 0, 3, 3, 3, 3, 3, 3])
+    assert (s.decode_steps, s.rows_decoded, s.live_rows_decoded) == (8, 16, 14)
+
+
+def test_two_slots_refilled_one_rung():
+    # rollouts 1 (ages 1-2 in iterations 1-2) and 2 (iterations 1-4) decode first; rollout 3
+    # takes rollout 1's slot at the end of iteration 2 and runs at ages 1-8 in iterations 3-10.
+    # Phase 0 ends at iteration 3 (rollout 2 would reach age 3), phase 1 at 7 (rollout 3 at age
+    # 5), phase 2 at 9.
+    s = schedule.simulate(LENGTHS, 9, slots=2, chunk=2, row_buckets=1, prompt_tokens_r=PROMPTS)
+    np.testing.assert_array_equal(s.rows_k, [2] * 10)
+    np.testing.assert_array_equal(s.live_k, [2, 2, 2, 2, 1, 1, 1, 1, 1, 1])
+    np.testing.assert_array_equal(s.phase_k, [0, 0, 1, 1, 1, 1, 2, 2, 3, 3])
+    np.testing.assert_array_equal(s.age_sum_k, [2, 4, 4, 6, 3, 4, 5, 6, 7, 8])
+    np.testing.assert_array_equal(s.prompt_sum_k, [18, 18, 22, 22] + [11] * 6)
+    assert (s.decode_steps, s.rows_decoded, s.live_rows_decoded) == (10, 20, 14)
+
+
+def test_two_slots_refilled_two_rungs():
+    # rungs 2, 1: rollout 3 waits until the end of iteration 2, so iterations 1-2 decode both
+    # slots; at 3-4 two rows run (rung 2 = all slots); from 5 on one (the tail, rung 1)
+    s = schedule.simulate(LENGTHS, 9, slots=2, chunk=2, row_buckets=3, prompt_tokens_r=PROMPTS)
+    np.testing.assert_array_equal(s.rows_k, [2, 2, 2, 2, 1, 1, 1, 1, 1, 1])
+    np.testing.assert_array_equal(s.live_k, [2, 2, 2, 2, 1, 1, 1, 1, 1, 1])
+    np.testing.assert_array_equal(s.phase_k, [0, 0, 1, 1, 3, 3, 3, 3, 3, 3])
+    assert (s.decode_steps, s.rows_decoded, s.live_rows_decoded) == (10, 14, 14)
+
+
+def test_rows_leave_as_soon_as_they_fit_a_smaller_rung():
+    # lengths 2, 3, 6, 9, chunk 4 (phases of 4 and 8 slots), rungs 4, 2, 1: running 4, 3, 2, 2,
+    # 2, 1, 1, 1; two rows fit rung 2 from iteration 3 (the tail, mid-phase), one fits rung 1
+    # from iteration 6
+    s = schedule.simulate([2, 3, 6, 9], 9, chunk=4, row_buckets=3)
+    np.testing.assert_array_equal(s.live_k, [4, 3, 2, 2, 2, 1, 1, 1])
+    np.testing.assert_array_equal(s.rows_k, [4, 4, 2, 2, 2, 1, 1, 1])
+    np.testing.assert_array_equal(s.phase_k, [0, 0, 1, 1, 1, 1, 1, 1])
+    # one rung: every iteration decodes all 4 rows, the cache grows when the 9-token rollout
+    # would reach age 5
+    s = schedule.simulate([2, 3, 6, 9], 9, chunk=4, row_buckets=1)
+    np.testing.assert_array_equal(s.rows_k, [4] * 8)
+    np.testing.assert_array_equal(s.phase_k, [0, 0, 0, 0, 1, 1, 1, 1])
+
+
+def test_rollouts_of_one_token_decode_nothing():
+    s = schedule.simulate([1, 1, 1], 4, slots=2)
+    assert s.decode_steps == 0 and s.rows_decoded == 0
+    with pytest.raises(ValueError, match=r"lengths must be in \[1, 4\]"):
+        schedule.simulate([5], 4)
