@@ -198,9 +198,7 @@ def _sft_locked(args: argparse.Namespace, cfg: Config, out_dir: Path) -> int:
     model = build_model(cfg, source.tokenizer, seed=cfg.sft.seed)
     graphdef, params = nnx.split(model)
     result = run_sft(cfg, (graphdef, params, source), out_dir, progress=cfg.logging.progress)
-    sampler = policy_sampler(
-        graphdef, model.config, source.tokenizer, decode_chunk=cfg.sampling.decode_chunk
-    )
+    sampler = policy_sampler(graphdef, model.config, source.tokenizer, sampling=cfg.sampling)
     kept = f"the finished warm start is saved in {out_dir}; {resume_hint(cfg, out_dir)}"
     with phase("the final evaluation", kept):
         result.update(evaluate_policy(sampler, result.pop("params"), source, cfg))
@@ -432,9 +430,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         params = merged_run_params(run, source.tokenizer)
     else:
         params = load_run_params(run, params, unfinished_ok=True)
-    sampler = policy_sampler(
-        graphdef, model.config, source.tokenizer, decode_chunk=cfg.sampling.decode_chunk
-    )
+    sampler = policy_sampler(graphdef, model.config, source.tokenizer, sampling=cfg.sampling)
     with phase("the evaluation"):
         result = evaluate_policy(sampler, params, source, cfg, args.num)
     print(f"eval {run}: " + ", ".join(f"{k}={v:.4g}" for k, v in result.items()))

@@ -230,6 +230,22 @@ class SamplingConfig(_Section):
         "far; 0: every step attends over the whole cache; 'auto': max(32, max_new_tokens / 8)",
         resumable=True,
     )
+    slots: int | str = option(
+        0,
+        ge=0,
+        help="rows the sampler decodes at once; a finished row's slot takes the next waiting "
+        "rollout; 0: all of a step's rollouts; 'auto': as many as the device memory holds "
+        "(sagc-jax plan's budget)",
+        resumable=True,
+    )
+    row_buckets: int = option(
+        6,
+        ge=1,
+        help="row counts a decode iteration may run at: the slots and up to this many - 1 "
+        "halvings of them (one program branch each); with no rollout waiting, the rows still "
+        "running move to the smallest that holds them; 1: every iteration decodes all slots",
+        resumable=True,
+    )
     temperature: float = option(1.0, ge=0.0, help="sampling temperature; 0: greedy")
     top_p: float = option(
         1.0,
@@ -255,6 +271,11 @@ class SamplingConfig(_Section):
         elif list(self.prompt_buckets) != sorted(set(self.prompt_buckets)):
             raise ConfigError(
                 f"sampling.prompt_buckets = {list(self.prompt_buckets)} must be strictly increasing"
+            )
+        if isinstance(self.slots, str) and self.slots != "auto":
+            raise ConfigError(
+                f"sampling.slots = {self.slots!r} is not allowed; give a number of rows >= 0 "
+                f"(0: all of a step's rollouts) or 'auto'"
             )
         if isinstance(self.decode_chunk, str) and self.decode_chunk != "auto":
             raise ConfigError(

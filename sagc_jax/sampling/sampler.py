@@ -4,14 +4,13 @@ exact order of events, which `schedule.simulate` replays without a model).
 
 - Prefill: each distinct prompt once ([P, prompt bucket]); a rollout's slot gets a copy of its
   prompt's cache and draws its first token from its prompt's last logits.
-- Decode: every iteration decodes the rows of the current row bucket, one token each, each row
-  at its own cache position (the cache index is per row). With rollouts waiting, all S slots
-  decode and a finished slot takes the next waiting rollout at once. With none waiting, the rows
-  still running are gathered at each round's start into the smallest rung of
-  `schedule.row_rungs` that holds them (static sizes: one branch of the program each) and
-  scattered back after it.
+- Decode: every iteration decodes the rows of the current rung, one token each, each row at its
+  own cache position (the cache index is per row). With rollouts waiting, all S slots decode
+  and a finished slot takes the next waiting rollout at once. With none waiting, the running
+  rows are gathered into the smallest rung of `schedule.row_rungs` that holds them as soon as
+  they fit one (static sizes: one branch of the program each).
 - The cache grows in phases (`schedule.phase_slots`) so an iteration attends over about the
-  tokens so far; rounds of at most ``decode_chunk`` iterations end at phase boundaries.
+  tokens so far; the rows of the smaller rungs (the tail) decode over a cache of full width.
 
 Phases and rungs are unrolled in one trace: one compiled program per (rollouts, slots, prompts,
 prompt bucket, max_new_tokens). The model is split into graphdef (static) and state (arrays),
@@ -38,7 +37,7 @@ from flax import nnx
 from sagc_jax.models import Decoder, DecoderConfig, KVCache, init_cache
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.sampling.functions import sample_token
-from sagc_jax.sampling.schedule import phase_slots, resolve_chunk, round_length, row_rungs
+from sagc_jax.sampling.schedule import phase_slots, resolve_chunk, row_rungs
 
 REFILL_SHARE = 8  # a refill pass starts at most slots / REFILL_SHARE rollouts (cache copies)
 
@@ -77,12 +76,16 @@ def _setting(value, dtype):
 
 
 class _Slots(NamedTuple):
-    """The rows being decoded, one entry per slot."""
+    """The rows being decoded, one entry per slot: its rollout, and that rollout's completion so
+    far (written back to the outputs by rollout when the slot changes hands or the rows move)."""
 
     rollout_s: jax.Array  # int32: the rollout in the slot
     age_s: jax.Array  # int32: its tokens sampled so far
     last_s: jax.Array  # int32: its last token (the next iteration's input)
     live_s: jax.Array  # bool: still running
+    ended_s: jax.Array  # bool: an end-of-sequence token came
+    tokens_sl: jax.Array  # int32 [S, L]
+    logprobs_sl: jax.Array  # float32 [S, L]
 
 
 class _Run(NamedTuple):
@@ -92,11 +95,10 @@ class _Run(NamedTuple):
     tokens_nl: jax.Array
     logprobs_nl: jax.Array
     lengths_n: jax.Array
-    ended_n: jax.Array  # bool: an end-of-sequence token came
+    ended_n: jax.Array
     waiting: jax.Array  # int32 []: the next rollout to start (N: none waits)
     steps: jax.Array
     rows: jax.Array
-    live_rows: jax.Array
 
 
 def _take_rows(tree, idx):
@@ -112,11 +114,11 @@ class Sampler:
 
     eos_ids: tokens that end a row (default: config.eos_ids); empty means never stop early.
     pad_id: the token written after a row's end (and expected in prompt padding).
-    decode_chunk: cache slots added per decode phase and iterations per round at most (see
-        `schedule.resolve_chunk`); 0: one phase over the whole cache, one round (no compaction).
+    decode_chunk: cache slots added per decode phase (see `schedule.resolve_chunk`); 0: one
+        phase over the whole cache.
     slots: rows decoded at once (0: every rollout of the call); fewer than the rollouts streams
-        them through the slots. row_buckets: rungs of `schedule.row_rungs` (1: every round
-        decodes all slots). Tokens depend on none of these.
+        them through the slots. row_buckets: rungs of `schedule.row_rungs` (1: every
+        iteration decodes all slots). Tokens depend on none of these.
     plan, state_shardings: a `ShardingPlan` and the shardings of `state` (FSDP / tensor / data
         parallel, several processes): the program is jitted with those input and output
         shardings, rollouts and slots split over the plan's batch axes, the KV cache over rows
@@ -133,7 +135,7 @@ class Sampler:
         pad_id: int = 0,
         decode_chunk: int | str = "auto",
         slots: int = 0,
-        row_buckets: int = 4,
+        row_buckets: int = 6,
         plan: ShardingPlan | None = None,
         state_shardings=None,
     ):
@@ -295,7 +297,9 @@ class Sampler:
             index_r = plan.global_rows(index_r + np.int32(offset))
         else:
             # with a dtype: a plain transfer (without one, jnp.asarray runs a program)
-            ids_pt, start_p, index_r = (jnp.asarray(x, jnp.int32) for x in (ids_pt, start_p, index_r))
+            ids_pt, start_p, index_r = (
+                jnp.asarray(x, jnp.int32) for x in (ids_pt, start_p, index_r)
+            )
         return self._generate(
             state,
             ids_pt,
@@ -365,7 +369,6 @@ class Sampler:
         n, length, pad = prompt_index_r.shape[0], max_new_tokens, self.pad_id
         chunk = resolve_chunk(length, self.decode_chunk)
         caps_p = phase_slots(length, chunk)
-        per_round = round_length(length, chunk)
         rungs = row_rungs(num_slots, self.row_buckets, self.shards)
         refill_width = max(1, -(-num_slots // REFILL_SHARE))
         eos_e = jnp.asarray(self.eos_ids, jnp.int32).reshape(-1)
@@ -379,14 +382,14 @@ class Sampler:
             )
             return sample_token(logits_bv, keys_b, temperature, top_p, top_k)
 
-        def record(run: _Run, rollout_b, age_b, token_b, logprob_b, write_b) -> _Run:
-            """Token age_b of each writing row's rollout (others dropped: index n)."""
-            r_b = jnp.where(write_b, rollout_b, n)
+        def flush(run: _Run, slots: _Slots, valid_s=None) -> _Run:
+            """The slots' completions written to their rollouts' outputs (where valid_s)."""
+            r_s = slots.rollout_s if valid_s is None else jnp.where(valid_s, slots.rollout_s, n)
             return run._replace(
-                tokens_nl=run.tokens_nl.at[r_b, age_b].set(token_b, mode="drop"),
-                logprobs_nl=run.logprobs_nl.at[r_b, age_b].set(logprob_b, mode="drop"),
-                lengths_n=run.lengths_n.at[r_b].set(age_b + 1, mode="drop"),
-                ended_n=run.ended_n.at[r_b].set(is_eos(token_b), mode="drop"),
+                tokens_nl=run.tokens_nl.at[r_s].set(slots.tokens_sl, mode="drop"),
+                logprobs_nl=run.logprobs_nl.at[r_s].set(slots.logprobs_sl, mode="drop"),
+                lengths_n=run.lengths_n.at[r_s].set(slots.age_s, mode="drop"),
+                ended_n=run.ended_n.at[r_s].set(slots.ended_s, mode="drop"),
             )
 
         # One prefill per prompt: its cache is copied into each of its rollouts' slots.
@@ -394,13 +397,16 @@ class Sampler:
         logits_p1v, prompt_cache = model.apply_cached(prompt_ids_pt, prompt_cache, last_only=True)
         logits_pv = logits_p1v[:, 0]
 
-        def start(cache: KVCache, run: _Run, slot_j, rollout_j, valid_j):
-            """Rollouts rollout_j take slots slot_j where valid_j: their prompts' caches copied
-            in, their first tokens drawn from their prompts' logits."""
+        def start(cache: KVCache, run: _Run, slot_j, rollout_j, valid_j, first=False):
+            """Rollouts rollout_j take slots slot_j where valid_j (their occupants' completions
+            written out first, unless ``first``): their prompts' caches copied in, their first
+            tokens drawn from their prompts' logits."""
+            s_j = jnp.where(valid_j, slot_j, num_slots)  # invalid ones dropped
+            if not first:
+                leaving = _take_rows(run.slots, jnp.minimum(slot_j, num_slots - 1))
+                run = flush(run, leaving, valid_j)
             prompt_j = prompt_index_r[jnp.minimum(rollout_j, n - 1)]
             token_j, logprob_j = draw(logits_pv[prompt_j], rollout_j, jnp.zeros_like(rollout_j))
-            run = record(run, rollout_j, jnp.zeros_like(rollout_j), token_j, logprob_j, valid_j)
-            s_j = jnp.where(valid_j, slot_j, num_slots)  # invalid ones dropped
             cache = self._constrain(
                 KVCache(
                     k_lbkhs=tuple(
@@ -415,9 +421,17 @@ class Sampler:
                     index=cache.index,
                 )
             )
-            new = _Slots(rollout_j, jnp.ones_like(rollout_j), token_j, ~is_eos(token_j))
-            if length == 1:
-                new = new._replace(live_s=jnp.zeros_like(new.live_s))
+            ended_j = is_eos(token_j)
+            first_l = jnp.arange(length) == 0
+            new = _Slots(
+                rollout_s=rollout_j,
+                age_s=jnp.ones_like(rollout_j),
+                last_s=token_j,
+                live_s=~ended_j & (length > 1),
+                ended_s=ended_j,
+                tokens_sl=jnp.where(first_l[None, :], token_j[:, None], pad),
+                logprobs_sl=jnp.where(first_l[None, :], logprob_j[:, None], 0.0),
+            )
             slots = jax.tree.map(lambda x, y: x.at[s_j].set(y, mode="drop"), run.slots, new)
             return cache, run._replace(slots=slots)
 
@@ -438,96 +452,85 @@ class Sampler:
 
             return jax.lax.while_loop(free, one, (cache, run))
 
-        def max_live_age(slots: _Slots):
-            return jnp.max(jnp.where(slots.live_s, slots.age_s, 0))
+        def status(slots: _Slots, cap: int):
+            """(running rows, running rows of age > cap) in one reduction: the one collective
+            an iteration's loop condition needs when rows are split over devices."""
+            counts = jnp.stack([slots.live_s, slots.live_s & (slots.age_s > cap)], axis=-1)
+            return tuple(jnp.sum(counts.astype(jnp.int32), axis=0))
 
         def iterate(cache: KVCache, slots: _Slots, run: _Run, cap: int):
-            """One decode iteration of the rows in `slots` (a bucket); run's outputs updated."""
+            """One decode iteration of the rows in `slots` (a rung); run's counters updated."""
             index_b = jnp.minimum(prompt_len + slots.age_s - 1, prompt_len + cap - 1)
             logits_b1v, cache = model.apply_cached(
                 slots.last_s[:, None], cache._replace(index=index_b)
             )
             token_b, logprob_b = draw(logits_b1v[:, 0], slots.rollout_s, slots.age_s)
             live_b = slots.live_s
-            run = record(run, slots.rollout_s, slots.age_s, token_b, logprob_b, live_b)
-            finished_b = is_eos(token_b) | (slots.age_s + 1 >= length)
+            write_bl = live_b[:, None] & (jnp.arange(length)[None, :] == slots.age_s[:, None])
+            eos_b = is_eos(token_b)
             slots = _Slots(
                 rollout_s=slots.rollout_s,
                 age_s=slots.age_s + live_b.astype(jnp.int32),
                 last_s=jnp.where(live_b, token_b, pad),
-                live_s=live_b & ~finished_b,
+                live_s=live_b & ~eos_b & (slots.age_s + 1 < length),
+                ended_s=slots.ended_s | (live_b & eos_b),
+                tokens_sl=jnp.where(write_bl, token_b[:, None], slots.tokens_sl),
+                logprobs_sl=jnp.where(write_bl, logprob_b[:, None], slots.logprobs_sl),
             )
-            run = run._replace(
-                steps=run.steps + 1,
-                rows=run.rows + live_b.shape[0],
-                live_rows=run.live_rows + jnp.sum(live_b, dtype=jnp.int32),
-            )
+            run = run._replace(steps=run.steps + 1, rows=run.rows + live_b.shape[0])
             return cache, slots, run
 
-        def rounds(cache, slots, run, cap, more, refilling):
-            """Rounds of at most per_round iterations while ``more(slots, run)`` holds at a
-            round's start and some row runs with room in the cache; refill after each
-            iteration when ``refilling``. Returns (cache, slots, run)."""
+        def iterations(cache, slots, run, cap, more, refilling):
+            """Iterations while ``more(running rows, run)`` holds and some row runs, every one
+            with room in the cache; refill after each when ``refilling``. Returns (cache, slots,
+            run)."""
 
             def going(carry):
-                _, slots, _, i = carry
-                return (i < per_round) & jnp.any(slots.live_s) & (max_live_age(slots) <= cap)
+                _, slots, run = carry
+                live, over = status(slots, cap)
+                return (live > 0) & (over == 0) & more(live, run)
 
             def step(carry):
-                cache, slots, run, i = carry
-                cache, slots, run = iterate(cache, slots, run, cap)
+                cache, slots, run = iterate(*carry, cap)
                 if refilling:
                     cache, run = refill(cache, run._replace(slots=slots))
                     slots = run.slots
-                return cache, slots, run, i + 1
-
-            def next_round(carry):
-                cache, slots, run = carry
-                return jnp.any(slots.live_s) & (max_live_age(slots) <= cap) & more(slots, run)
-
-            def one_round(carry):
-                cache, slots, run, _ = jax.lax.while_loop(
-                    going, step, (*carry, jnp.zeros((), jnp.int32))
-                )
                 return cache, slots, run
 
-            return jax.lax.while_loop(next_round, one_round, (cache, slots, run))
+            return jax.lax.while_loop(going, step, (cache, slots, run))
 
-        def live_count(slots: _Slots):
-            return jnp.sum(slots.live_s, dtype=jnp.int32)
-
-        def gather(cache: KVCache, slots: _Slots, rows: int, width: int):
-            """The running rows (stable), then finished ones, into `rows` rows; the cache
-            padded to `width` slots."""
+        def gather(cache: KVCache, slots: _Slots, run: _Run, rows: int, width: int):
+            """Every row's completion written out, then the running rows (stable) and finished
+            ones into `rows` rows; the cache padded to `width` slots."""
             idx_b = jnp.argsort(~slots.live_s, stable=True)[:rows]
-            return self._grow(self._constrain(_take_rows(cache, idx_b)), width), _take_rows(
-                slots, idx_b
-            )
+            part = self._grow(self._constrain(_take_rows(cache, idx_b)), width)
+            return part, _take_rows(slots, idx_b), flush(run, slots)
 
         full_width = prompt_len + length
         tail = len(rungs) > 1
 
-        def in_tail(slots: _Slots, run: _Run):
-            """No rollout waits and the running rows fit the first smaller rung."""
-            return (run.waiting >= n) & (live_count(slots) <= rungs[min(1, len(rungs) - 1)])
+        def in_tail(live, run: _Run):
+            """No rollout waits and the ``live`` running rows fit the first smaller rung."""
+            return (run.waiting >= n) & (live <= rungs[min(1, len(rungs) - 1)])
 
         def all_slots(phase: int, cache: KVCache, run: _Run):
             """Phases phase, phase + 1, ... at all slots (Python recursion: unrolled in the
             trace), until the rows leave for the tail. Returns (tail cache, tail slots, run):
             rungs[1] rows in a cache of full width (run alone without a tail)."""
             cap = caps_p[phase]
-            keep = (lambda slots, run: ~in_tail(slots, run)) if tail else (lambda *_: True)
-            cache, slots, run = rounds(cache, run.slots, run, cap, keep, n > num_slots)
+            keep = (lambda live, run: ~in_tail(live, run)) if tail else (lambda *_: True)
+            cache, slots, run = iterations(cache, run.slots, run, cap, keep, n > num_slots)
             run = run._replace(slots=slots)
             if tail:
-                leave = lambda: gather(cache, slots, rungs[1], full_width) + (run,)  # noqa: E731
+                leave = lambda: gather(cache, slots, run, rungs[1], full_width)  # noqa: E731
             else:
-                leave = lambda: run  # noqa: E731
+                leave = lambda: flush(run, slots)  # noqa: E731
             if phase + 1 == len(caps_p):
                 return leave()
             grown = prompt_len + caps_p[phase + 1]
+            live, _ = status(slots, cap)
             return jax.lax.cond(
-                jnp.any(slots.live_s) & (~in_tail(slots, run) if tail else True),
+                (live > 0) & (~in_tail(live, run) if tail else True),
                 lambda: all_slots(phase + 1, self._grow(cache, grown), run),
                 leave,
             )
@@ -539,21 +542,26 @@ class Sampler:
             # The tail: the live count only falls, so the rungs are visited in order.
             for k in range(1, len(rungs)):
                 smaller = rungs[k + 1] if k + 1 < len(rungs) else 0
-                cache, slots, run = rounds(
+                cache, slots, run = iterations(
                     cache,
                     slots,
                     run,
                     length,
-                    lambda slots, run, smaller=smaller: live_count(slots) > smaller,
+                    lambda live, run, smaller=smaller: live > smaller,
                     False,
                 )
                 if smaller:
-                    cache, slots = gather(cache, slots, smaller, full_width)
-            return run
+                    cache, slots, run = gather(cache, slots, run, smaller, full_width)
+            return flush(run, slots)
 
         zeros_s = jnp.zeros((num_slots,), jnp.int32)
         run = _Run(
-            slots=_Slots(zeros_s, zeros_s, zeros_s, jnp.zeros((num_slots,), bool)),
+            slots=_Slots(
+                *(zeros_s,) * 3,
+                *(jnp.zeros((num_slots,), bool),) * 2,
+                jnp.full((num_slots, length), pad, jnp.int32),
+                jnp.zeros((num_slots, length), jnp.float32),
+            ),
             tokens_nl=jnp.full((n, length), pad, jnp.int32),
             logprobs_nl=jnp.zeros((n, length), jnp.float32),
             lengths_n=jnp.zeros((n,), jnp.int32),
@@ -561,11 +569,10 @@ class Sampler:
             waiting=jnp.asarray(num_slots, jnp.int32),
             steps=jnp.zeros((), jnp.int32),
             rows=jnp.zeros((), jnp.int32),
-            live_rows=jnp.zeros((), jnp.int32),
         )
         cache = self.empty_cache(num_slots, prompt_len + caps_p[0])
         first_s = jnp.arange(num_slots, dtype=jnp.int32)  # slot s takes rollout s
-        cache, run = start(cache, run, first_s, first_s, jnp.ones((num_slots,), bool))
+        cache, run = start(cache, run, first_s, first_s, jnp.ones((num_slots,), bool), True)
         if n > num_slots:  # rollouts that ended at their first token free their slots at once
             cache, run = refill(cache, run)
         final = decode(cache, run)
@@ -576,7 +583,8 @@ class Sampler:
             truncated_b=~final.ended_n,
             num_decode_steps=final.steps,
             rows_decoded=final.rows,
-            live_rows_decoded=final.live_rows,
+            # a rollout of length l is decoded while running in l - 1 iterations
+            live_rows_decoded=jnp.sum(final.lengths_n) - n,
             prefill_rows=jnp.asarray(num_prompts, jnp.int32),
         )
 

@@ -14,15 +14,14 @@ The engine (``sampling/sampler.py``) decodes N rollouts through S slots (rows):
   rollout that starts at the end of iteration k is first decoded in iteration k + 1.
 - The cache grows in phases (`phase_slots`): phase p holds cap_p completion slots, so an
   iteration may run while every running row has age <= cap_p.
-- Iterations run in rounds of at most ``chunk`` iterations. At the start of each round the rows
-  decoded are chosen: all S slots while rollouts are waiting, else the running rows gathered
-  into the smallest rung of `row_rungs` that holds them (finished rows fill the rest of the
-  rung). With no rollout waiting, rounds and phases coincide: rows leave the batch at phase
-  boundaries.
-- While all S slots decode, a round also ends at its phase's end (the cache grows). Once the
-  running rows fit the second rung with none waiting (the tail), they move to a cache of full
-  width (prompt + L slots) and rounds no longer end at phases: the live count only falls from
-  then on, so the tail visits the smaller rungs in order, each one branch of the program.
+- Before each iteration the rows to decode are chosen: all S slots while rollouts are waiting,
+  else the running rows, gathered into the smallest rung of `row_rungs` that holds them
+  (finished rows fill the rest of the rung): rows leave the batch as soon as they fit a smaller
+  rung.
+- While all S slots decode, the cache grows at phase ends. Once the running rows fit the second
+  rung with none waiting (the tail), they move to a cache of full width (prompt + L slots): the
+  live count only falls from then on, so the tail visits the smaller rungs in order, each one
+  branch of the program, with no phases.
 """
 
 from __future__ import annotations
@@ -62,13 +61,8 @@ def phase_slots(max_new_tokens: int, chunk: int) -> tuple[int, ...]:
     return tuple(min(chunk * (p + 1), max_new_tokens) for p in range(-(-steps // chunk)))
 
 
-def round_length(max_new_tokens: int, chunk: int) -> int:
-    """Iterations of a round at most (the whole decode when there is a single phase)."""
-    return max(1, max_new_tokens - 1) if chunk <= 0 else chunk
-
-
 def row_rungs(slots: int, row_buckets: int, shards: int = 1) -> tuple[int, ...]:
-    """Row counts a round may decode at, largest first: ``slots`` and up to ``row_buckets - 1``
+    """Row counts an iteration may decode at, largest first: ``slots`` and up to ``row_buckets - 1``
     halvings of it, each still a whole multiple of ``shards`` (the rows' shards of the mesh)."""
     if slots < 1 or row_buckets < 1 or shards < 1 or slots % shards:
         raise ValueError(
@@ -99,9 +93,9 @@ def start_times(lengths_r, slots: int) -> np.ndarray:
 class Schedule(NamedTuple):
     """Per decode iteration k = 1..K of a step (numpy arrays of K values).
 
-    rows_k: rows decoded (the round's bucket); live_k: rows still running among them;
-    phase_k: the cache phase (the last, full width, in the tail); age_sum_k: sum of the running rows' ages (completion tokens in
-    their caches); prompt_sum_k: sum of the running rows' prompt tokens.
+    rows_k: rows decoded (the rung); live_k: rows still running among them; phase_k: the cache
+    phase (the last, of full width, in the tail); age_sum_k: sum of the running rows' ages
+    (completion tokens in their caches); prompt_sum_k: sum of the running rows' prompt tokens.
     """
 
     rows_k: np.ndarray
@@ -145,7 +139,6 @@ def simulate(
     slots = min(slots or n, n)
     rungs = row_rungs(slots, row_buckets, shards)
     caps_p = phase_slots(max_new_tokens, chunk)
-    per_round = round_length(max_new_tokens, chunk)
     starts_r = start_times(lengths_r, slots)
     ends_r = starts_r + lengths_r - 1  # last iteration that decodes the rollout (none if = start)
     last = int(ends_r.max())
@@ -175,22 +168,18 @@ def simulate(
         over = decoded & (lengths_r - 1 > cap)
         phase_end_p.append(int((starts_r[over] + cap + 1).min()) if over.any() else last + 1)
     all_started = int(starts_r.max())  # no rollout waits from the end of this iteration on
-    rows_k = np.zeros(last + 1, np.int64)
-    phase_k = np.zeros(last + 1, np.int64)
-    k, phase, tail = 1, 0, False
-    while k <= last:
-        rows = slots
-        if all_started <= k - 1:
-            rows = min(r for r in rungs if r >= live_k[k])
-            tail = tail or rows < slots
-        if tail:  # a cache of full width: no phase ends
-            phase, stop = len(caps_p) - 1, min(k + per_round, last + 1)
-        else:
-            while phase_end_p[phase] <= k:
-                phase += 1
-            stop = min(k + per_round, phase_end_p[phase], last + 1)
-        rows_k[k:stop] = rows
-        phase_k[k:stop] = phase
-        k = stop
+    k_k = np.arange(1, last + 1)
+    rungs_desc = np.asarray(rungs)
+    # the smallest rung >= the running rows (rungs are in decreasing order)
+    smallest_k = rungs_desc[np.sum(rungs_desc[None, :] >= live_k[1 : last + 1, None], axis=1) - 1]
+    waiting_k = k_k - 1 < all_started
+    rows_k = np.where(waiting_k, slots, smallest_k)
+    tail_k = ~waiting_k & (rows_k < slots)
+    if tail_k.any():  # sticky: the live count only falls once no rollout waits
+        tail_k[np.argmax(tail_k) :] = True
+    phase_k = np.searchsorted(np.asarray(phase_end_p), k_k, side="right")
+    phase_k = np.where(tail_k, len(caps_p) - 1, np.minimum(phase_k, len(caps_p) - 1))
+    rows_k = np.concatenate([[0], rows_k])
+    phase_k = np.concatenate([[0], phase_k])
     sl = slice(1, last + 1)
     return Schedule(rows_k[sl], live_k[sl], phase_k[sl], age_sum_k[sl], prompt_sum_k[sl])

@@ -57,7 +57,7 @@ from sagc_jax.train.programs import PolicyPrograms, StateShardings, batch_spec
 from sagc_jax.train.rollout import Rollouts, generate
 from sagc_jax.train.safety.checkpoint import CheckpointStore
 from sagc_jax.train.safety.faults import StopRequest, crash_point, phase, resume_hint
-from sagc_jax.train.safety.preflight import check_device_memory, check_free_space
+from sagc_jax.train.safety.preflight import check_device_memory, check_free_space, device_memory
 from sagc_jax.train.safety.runlock import RunDirError, RunLock
 from sagc_jax.train.shapes import (
     check_batch_shapes,
@@ -170,12 +170,14 @@ class Trainer:
         ref_shardings = param_shardings if self.ref_params is not None else None
         shardings = StateShardings(param_shardings, opt_shardings, ref_shardings, base_shardings)
         self.programs = PolicyPrograms(self.graphdef, self.tx, self.plan, shardings)
-        on_mesh = dict(plan=self.plan, state_shardings=sampling_shardings)
-        on_mesh["decode_chunk"] = cfg.sampling.decode_chunk
-        # two samplers, so that compiles/sampler counts the rollout programs only
+        on_mesh = dict(plan=self.plan, state_shardings=sampling_shardings, sampling=cfg.sampling)
+        # two samplers, so that compiles/sampler counts the rollout programs only; held-out
+        # prompts decode one slot each
         self.sampler, self.eval_sampler = (
-            policy_sampler(self.sampling_graphdef, self.model_config, self.tokenizer, **on_mesh)
-            for _ in range(2)
+            policy_sampler(
+                self.sampling_graphdef, self.model_config, self.tokenizer, slots=slots, **on_mesh
+            )
+            for slots in (self._rollout_slots(), 0)
         )
         self.root_key = jax.random.key(t.seed)
         self.step = 0
@@ -196,6 +198,19 @@ class Trainer:
             resume_step=self.step,
             report=self._say,
         )
+
+    def _rollout_slots(self) -> int:
+        """``sampling.slots`` as rows (0: every rollout of a step); ``auto``: as many as the
+        devices' memory holds beside the rest of ``sagc-jax plan``'s estimate."""
+        slots = self.cfg.sampling.slots
+        if slots != "auto":
+            return slots
+        from sagc_jax.train.plan import auto_slots
+
+        cfg = with_resolved_buckets(self.cfg, self.source)
+        chosen = auto_slots(cfg, jax.device_count(), device_memory()[0])
+        self._say(f"sampling.slots = auto: {chosen} rows decode at once")
+        return chosen
 
     def sampling_params(self):
         """What the samplers decode: the params, or (LoRA) the base with the adapters merged in,
@@ -344,9 +359,11 @@ class Trainer:
         bucket = bucket_length(width, self.source.prompt_buckets)  # 'auto' resolved
         new = cfg.sampling.max_new_tokens
         key = jax.random.key(0)
-        for label, n in rollout_shapes(cfg, self.controller.candidates).items():
+        for label, (n, prompts) in rollout_shapes(cfg, self.controller.candidates).items():
             t0 = time.perf_counter()
-            self.sampler.compile(self.sampling_params(), n, bucket, max_new_tokens=new)
+            self.sampler.compile(
+                self.sampling_params(), n, bucket, max_new_tokens=new, prompts=prompts
+            )
             t1 = time.perf_counter()
             if cfg.train.packing:
                 log(f"compiled {label} ({n} rollouts): rollout {t1 - t0:.1f} s")
@@ -597,6 +614,9 @@ class Trainer:
             "controller/max_ratio": ctrl["max_ratio"],
             "padding_waste": ctrl["padding_waste"],
             "decode_steps": all_rounds.decode_steps,
+            "decode/rows_per_step": all_rounds.rows_decoded / max(all_rounds.decode_steps, 1),
+            "decode/padding_share": 1.0
+            - all_rounds.live_rows_decoded / max(all_rounds.rows_decoded, 1),
             "time/rollout_s": t_rollout,
             "time/update_s": t_update,
             "time/step_s": total,

@@ -1,8 +1,8 @@
 """One rollout round on the host side: prompts -> tokens -> sampler -> text -> rewards.
 
-The batch holds prompt p repeated G_p times consecutively (one G for every prompt, or per-prompt
-sizes from the hybrid controller), so its shape, and therefore the compiled sampler program,
-depends only on (total rows, prompt bucket, max_new_tokens).
+The rollouts are prompt p's G_p completions consecutively (one G for every prompt, or per-prompt
+sizes from the hybrid controller); the sampler prefills each prompt once. Its program depends on
+(rollouts, prompts, prompt bucket, max_new_tokens), not on the sizes.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ class Rollouts:
     failed_rows: tuple[int, ...] = ()
     timed_out_rows: tuple[int, ...] = ()  # scored 0.0 at the reward's time limit
     decode_steps: int = 0
+    rows_decoded: int = 0  # rows of the decode iterations, summed (all processes')
+    live_rows_decoded: int = 0  # of those, rows still running
 
     @property
     def group_ids(self) -> np.ndarray:
@@ -86,6 +88,8 @@ class Rollouts:
             failed_rows=(),
             timed_out_rows=(),
             decode_steps=sum(p.decode_steps for p in parts),
+            rows_decoded=sum(p.rows_decoded for p in parts),
+            live_rows_decoded=sum(p.live_rows_decoded for p in parts),
         )
 
 
@@ -115,13 +119,13 @@ def generate(
     longest = int(gather_rows(np.array([max(min_length, *map(len, encoded))])).max())
     ids_pt, lens_p = left_pad(encoded, source.tokenizer.pad_id, buckets, min_length=longest)
     sizes_p = np.broadcast_to(np.asarray(group_sizes, dtype=np.int64), (len(prompts),)).copy()
-    prompt_ids = np.repeat(ids_pt, sizes_p, axis=0)
-    prompt_lens = np.repeat(lens_p, sizes_p, axis=0)
+    prompt_of_r = np.repeat(np.arange(len(prompts)), sizes_p)
     out = sampler(
         params,
-        prompt_ids,
-        prompt_lens,
+        ids_pt,  # each prompt once: its rollouts share one prefill
+        lens_p,
         key,
+        prompt_index_r=prompt_of_r,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         top_p=top_p,
@@ -143,8 +147,8 @@ def generate(
     return Rollouts(
         prompts=list(prompts),
         group_sizes=sizes_p,
-        prompt_ids=prompt_ids,
-        prompt_lens=prompt_lens,
+        prompt_ids=ids_pt[prompt_of_r],
+        prompt_lens=lens_p[prompt_of_r],
         completion=completion,
         logprobs=np.asarray(out.logprobs_bt),
         lengths=lengths,
@@ -154,4 +158,6 @@ def generate(
         failed_rows=scored.failed,
         timed_out_rows=scored.timed_out,
         decode_steps=int(out.num_decode_steps),
+        rows_decoded=int(out.rows_decoded),
+        live_rows_decoded=int(out.live_rows_decoded),
     )

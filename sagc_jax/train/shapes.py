@@ -26,13 +26,13 @@ def per_prompt_budget(cfg: Config) -> int:
     return 0
 
 
-def rollout_shapes(cfg: Config, candidates: tuple[int, ...]) -> dict[str, int]:
-    """Rollout rows of every batch shape a step can sample, by label (one sampler program each):
-    a fixed per-prompt budget is one shape, else one per candidate G."""
+def rollout_shapes(cfg: Config, candidates: tuple[int, ...]) -> dict[str, tuple[int, int]]:
+    """(rollouts, prompts) of every batch shape a step can sample, by label (one sampler
+    program each): a fixed per-prompt budget is one shape, else one per candidate G."""
     budget = per_prompt_budget(cfg)
     if budget:
-        return {f"B={budget}": budget}
-    return {f"G={g}": prompts_for(cfg, g) * g for g in candidates}
+        return {f"B={budget}": (budget, cfg.train.prompts_per_step)}
+    return {f"G={g}": (prompts_for(cfg, g) * g, prompts_for(cfg, g)) for g in candidates}
 
 
 def check_hybrid(cfg: Config, processes: int = 1) -> None:
