@@ -1,32 +1,44 @@
-"""Tokens per second of sagc_jax's sampler against a peer's: transformers' generate (CPU torch)
-or Tunix's vanilla JAX sampler (`--peer tunix`, the extra 'tunix').
+"""Tokens per second of sagc_jax's sampler, decoding only the rows still running, against the
+same sampler decoding every row until the longest ends (the schedule of the sampler before issue
+#31) and a peer's: transformers' generate (CPU torch) or Tunix's vanilla JAX sampler
+(`--peer tunix`, the extra 'tunix').
 
 Same model (a random Llama: vocab 512, hidden 256, mlp 688, 4 layers, 8 heads, 4 kv heads, tied
-embeddings; about 3M parameters) on both sides, batch 64, 16-token prompts, sampling at
-temperature 1 without top-k/top-p. `--workload forced` (default): 128 new tokens, every row
-forced to generate all of them (no end-of-sequence stop). `--workload early-exit`: rows stop at
-the end-of-sequence token under a cap of 512, the model given the constant EOS logit bias of
-`grpo_step.py` (`add_eos_bias`) for a mean length of `--mean-length` (60), so the batch ends with
-its longest row. The two run one after the other; one line is printed with both figures
-(generated tokens per second, EOS included), their ratio and the JAX compile time. With
-`--peer tunix` the model uses rope theta 1e6 (what Tunix 0.1.7's Llama 3 applies; see
+embeddings; about 3M parameters) on every side, 16-token prompts, sampling at temperature 1
+without top-k/top-p. Workloads (`--workload`):
+  * forced (default): batch 64, 128 new tokens, every row forced to generate all of them (no
+    end-of-sequence stop).
+  * early-exit: rows stop at the end-of-sequence token under a cap of 512, the model given the
+    constant EOS logit bias of `grpo_step.py` (`add_eos_bias`) for a mean length of
+    `--mean-length` (40: under a tenth of the cap) over batch 256: a long tail, the batch ends
+    with its longest row.
+  * refill: early exit as above over `--batch` 512 rollouts streamed through `--slots` 128 rows
+    (a finished row's slot takes the next rollout) against sequential static micro-batches of
+    128 (each decodes every row until its longest ends) and micro-batches whose finished rows
+    leave (row buckets). No peer.
+
+sagc_jax's sides use the same key, so forced and early-exit sample identical tokens (the random
+stream is per rollout: `Sampler`); the line says so after checking it. The sides run one after
+the other; one line is printed with every figure (generated tokens per second, EOS included;
+decode iterations, rows decoded per iteration, padding share), the ratios and the JAX compile
+times. With `--peer tunix` the model uses rope theta 1e6 (what Tunix 0.1.7's Llama 3 applies; see
 `tunix_peer.py`), Tunix loads the same checkpoint, and both give the same logits before timing.
 
 Both sides get the same cores: torch runs `torch.set_num_threads(threads)`; XLA:CPU runs each of
 these small ops on one thread, so JAX gets `threads` host devices
-(--xla_force_host_platform_device_count) and the sampler splits the batch across them
+(--xla_force_host_platform_device_count) and the sampler splits the rows across them
 (`Sampler(plan=...)` on a `data` mesh, weights replicated). The process is pinned to `threads`
-cores when the machine has more. `--decode-chunk` is `sampling.decode_chunk` (0: every decode
-step attends over the whole cache).
+cores when the machine has more. `--decode-chunk` is `sampling.decode_chunk`, `--row-buckets`
+`sampling.row_buckets`.
 
-Beside the measured figure: the roofline's tokens per second for the same shapes (prefill and
-synchronous decode of B rows to the full length, `sim.roofline.rollout_seconds`) on the host
-measured by `host_roofline.py` (no derating; the host counts as one chip whatever the number of
-JAX host devices), or on `--hardware PRESET` on an accelerator, and the ratio of the measured
-time to the roofline's.
+Beside the measured figure: the roofline's tokens per second for the same lengths
+(`sim.roofline.rollout_seconds`, the `compacting` regime the sampler runs) on the host measured
+by `host_roofline.py` (no derating; the host counts as one chip whatever the number of JAX host
+devices), or on `--hardware PRESET` on an accelerator, and the ratio of the measured time to the
+roofline's.
 
     .venv/bin/python benchmarks/generate.py [--threads 2] [--repeats 3] [--decode-chunk auto]
-        [--peer transformers|tunix] [--workload forced|early-exit]
+        [--peer transformers|tunix] [--workload forced|early-exit|refill]
 """
 
 from __future__ import annotations
@@ -41,15 +53,18 @@ import time
 def _parse():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument(
+        "--batch", type=int, default=0, help="rollouts (default: 64 forced, 256 early-exit, 512)"
+    )
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument(
-        "--new-tokens", type=int, default=0, help="cap (default: 128 forced, 512 early-exit)"
+        "--new-tokens", type=int, default=0, help="cap (default: 128 forced, 512 otherwise)"
     )
-    parser.add_argument("--workload", choices=("forced", "early-exit"), default="forced")
+    parser.add_argument("--workload", choices=("forced", "early-exit", "refill"), default="forced")
     parser.add_argument(
-        "--mean-length", type=float, default=60.0, help="early-exit: expected completion length"
+        "--mean-length", type=float, default=40.0, help="early exit: expected completion length"
     )
+    parser.add_argument("--slots", type=int, default=128, help="refill: rows decoded at once")
     parser.add_argument("--peer", choices=("transformers", "tunix"), default="transformers")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per side (best kept)")
     parser.add_argument(
@@ -61,9 +76,13 @@ def _parse():
         default="auto",
         help="cache slots per decode phase (sampling.decode_chunk); 0: one phase",
     )
+    parser.add_argument(
+        "--row-buckets", type=int, default=6, help="sampling.row_buckets of the live side"
+    )
     parser.add_argument("--hardware", default=None, help="roofline preset (default: measure)")
     args = parser.parse_args()
     args.new_tokens = args.new_tokens or (128 if args.workload == "forced" else 512)
+    args.batch = args.batch or {"forced": 64, "early-exit": 256, "refill": 512}[args.workload]
     return args
 
 
@@ -93,7 +112,7 @@ def main() -> None:
     from sagc_jax.models import load_hf_checkpoint, num_params
     from sagc_jax.parallel import ShardingPlan
     from sagc_jax.sampling import Sampler
-    from sagc_jax.sampling.sampler import phase_slots, resolve_chunk
+    from sagc_jax.sampling.schedule import resolve_chunk
     from sagc_jax.sim.roofline import model_costs, rollout_seconds
 
     torch.set_num_threads(args.threads)
@@ -115,9 +134,9 @@ def main() -> None:
     )
     hf_model = transformers.LlamaForCausalLM(hf_config).eval()
     note = "forced"
-    if args.workload == "early-exit":
+    if args.workload != "forced":
         raise_, expected = add_eos_bias(hf_model, args.mean_length, args.new_tokens, seed=0)
-        note = f"early exit, EOS logit +{raise_:.2f}, expected length {expected:.1f}"
+        note = f"{args.workload}, EOS logit +{raise_:.2f}, expected length {expected:.1f}"
     rng = np.random.RandomState(0)
     prompts_bt = rng.randint(3, hf_config.vocab_size, (args.batch, args.prompt_len)).astype(
         np.int32
@@ -125,10 +144,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as path:
         hf_model.save_pretrained(path)
         model, cfg = load_hf_checkpoint(path)
-        if args.peer == "tunix":  # before anything is timed: the same weights, the same logits
+        if args.peer == "tunix" and args.workload != "refill":  # the same weights and logits
             tunix_model = tunix_peer.tunix_model(path, cfg)
             diff = tunix_peer.check_same_logits(model, tunix_model, prompts_bt[:2])
-    lens_b = np.full((args.batch,), args.prompt_len, np.int32)
     eos_ids = () if args.workload == "forced" else (EOS,)
 
     # ---- sagc_jax: rows split over the host devices.
@@ -137,73 +155,126 @@ def main() -> None:
     graphdef, state = nnx.split(model)
     param_sh = plan.params(state)
     state = jax.device_put(state, param_sh)
-    sampler = Sampler(
-        graphdef,
-        cfg,
-        eos_ids=eos_ids,
-        pad_id=0,
-        decode_chunk=args.decode_chunk,
-        plan=plan,
-        state_shardings=param_sh,
-    )
 
-    def run_jax(seed):
-        out = sampler(
-            state,
-            prompts_bt,
-            lens_b,
-            jax.random.key(seed),
-            max_new_tokens=args.new_tokens,
-            temperature=1.0,
-        )
-        return jax.block_until_ready(out)
-
-    start = time.perf_counter()
-    out = run_jax(0)
-    first_call = time.perf_counter() - start
-    jax_runs = []
-    for seed in range(1, args.repeats + 1):
-        start = time.perf_counter()
-        out = run_jax(seed)
-        jax_runs.append((time.perf_counter() - start, np.asarray(out.lengths_b)))
-    if args.workload == "forced":
-        assert int(out.lengths_b.min()) == args.new_tokens
-    assert sampler.compiled_programs() == 1
-    chunk = resolve_chunk(args.new_tokens, args.decode_chunk)
-    jax_s, jax_lengths = min(jax_runs, key=lambda run: run[0])
-    jax_tps = jax_lengths.sum() / jax_s
-    compile_s = first_call - jax_s
-    hw, eff = roofline_hardware(args.hardware)
-    roofline = rollout_seconds(model_costs(cfg), hw, jax_lengths, args.prompt_len, eff=eff)
-    roofline_tps = jax_lengths.sum() / roofline["seconds"]
-
-    if args.peer == "tunix":
-        peer_s, peer_first, peer_lengths = tunix_peer.run_sampler(
-            tunix_model,
-            prompts_bt,
-            new_tokens=args.new_tokens,
+    def sampler(**kw):
+        return Sampler(
+            graphdef,
+            cfg,
             eos_ids=eos_ids,
-            repeats=args.repeats,
+            pad_id=0,
+            decode_chunk=args.decode_chunk,
+            plan=plan,
+            state_shardings=param_sh,
+            **kw,
         )
-        peer = (
-            f"tunix {np.sum(peer_lengths) / peer_s:,.0f} tok/s (mean length "
-            f"{np.mean(peer_lengths):.1f}, first call {peer_first:.1f} s; logits agree to "
-            f"{diff:.0e})"
+
+    def timed(sampler, batches):
+        """(best seconds, outputs of that run, compile seconds, outputs of the first timed run)
+        of decoding each of `batches` (row ranges of prompts_bt) in turn, over 1 + repeats runs
+        (the first compiles; run i uses key i)."""
+        runs = []
+        for seed in range(args.repeats + 1):
+            start = time.perf_counter()
+            outs = []
+            for first, stop in batches:
+                out = sampler(
+                    state,
+                    prompts_bt[first:stop],
+                    np.full((stop - first,), args.prompt_len, np.int32),
+                    jax.random.fold_in(jax.random.key(seed), first),
+                    max_new_tokens=args.new_tokens,
+                    temperature=1.0,
+                )
+                outs.append(jax.block_until_ready(out))
+            runs.append((time.perf_counter() - start, [sampler.to_host(o) for o in outs]))
+        best_s, outs = min(runs[1:], key=lambda run: run[0])
+        assert sampler.compiled_programs() == 1
+        return best_s, outs, runs[0][0] - best_s, runs[1][1]
+
+    def describe(name, seconds, outs, compile_s):
+        lengths = np.concatenate([o.lengths_b for o in outs])
+        steps = sum(int(o.num_decode_steps) for o in outs)
+        rows = sum(int(o.rows_decoded) for o in outs)
+        live = sum(int(o.live_rows_decoded) for o in outs)
+        tps = lengths.sum() / seconds
+        text = (
+            f"{name} {tps:,.0f} tok/s (mean length {lengths.mean():.1f}, {steps} decode steps, "
+            f"{rows / max(steps, 1):.1f} rows/step, padding {1 - live / max(rows, 1):.2f}, "
+            f"compile {compile_s:.1f} s)"
         )
-        versions = f"tunix {tunix_peer.version()}"
-        peer_tps = np.sum(peer_lengths) / peer_s
+        return tps, lengths, text
+
+    whole = [(0, args.batch)]
+    live = sampler(row_buckets=args.row_buckets, slots=args.slots * (args.workload == "refill"))
+    live_s, live_outs, live_compile, live_first = timed(live, whole)
+    live_tps, lengths, live_text = describe("sagc_jax", live_s, live_outs, live_compile)
+    chunk = resolve_chunk(args.new_tokens, args.decode_chunk)
+    hw, eff = roofline_hardware(args.hardware)
+    roofline = rollout_seconds(
+        model_costs(cfg),
+        hw,
+        lengths,
+        args.prompt_len,
+        regime="compacting",
+        eff=eff,
+        slots=args.slots if args.workload == "refill" else 0,
+        max_new_tokens=args.new_tokens,
+        chunk=chunk,
+        row_buckets=args.row_buckets,
+    )
+    roofline_tps = lengths.sum() / roofline["seconds"]
+    live_text += (
+        f" [roofline {roofline_tps:,.0f} tok/s, {roofline['limit']}, on {hw.name} at "
+        f"{hw.peak_flops / 1e9:,.0f} GFLOP/s, {hw.hbm_bandwidth / 1e9:,.0f} GB/s: measured time "
+        f"{roofline_tps / live_tps:.1f}x the roofline's]"
+    )
+    parts = [live_text]
+    if args.workload == "refill":
+        micro = [(i, min(i + args.slots, args.batch)) for i in range(0, args.batch, args.slots)]
+        static_s, static_outs, static_compile, _ = timed(sampler(row_buckets=1), micro)
+        static_tps, _, text = describe(
+            f"static micro-batches of {args.slots}", static_s, static_outs, static_compile
+        )
+        parts.append(text)
+        leave_s, leave_outs, leave_compile, _ = timed(sampler(row_buckets=args.row_buckets), micro)
+        leave_tps, _, text = describe(
+            f"micro-batches of {args.slots} with rows leaving", leave_s, leave_outs, leave_compile
+        )
+        parts.append(text)
+        ratios = (
+            f"ratio {live_tps / static_tps:.2f}x static micro-batches, "
+            f"{live_tps / leave_tps:.2f}x micro-batches with rows leaving"
+        )
     else:
-        peer_tps, peer = run_transformers(hf_model, prompts_bt, eos_ids, args)
-        versions = f"transformers {transformers.__version__}"
+        static_s, static_outs, static_compile, static_first = timed(sampler(row_buckets=1), whole)
+        static_tps, _, text = describe(
+            "sagc_jax static (every row until the longest)", static_s, static_outs, static_compile
+        )
+        same = np.array_equal(live_first[0].tokens_bt, static_first[0].tokens_bt)
+        parts.append(text + f" [same tokens: {same}]")
+        if args.peer == "tunix":
+            peer_s, peer_first, peer_lengths = tunix_peer.run_sampler(
+                tunix_model,
+                prompts_bt,
+                new_tokens=args.new_tokens,
+                eos_ids=eos_ids,
+                repeats=args.repeats,
+            )
+            peer_tps = np.sum(peer_lengths) / peer_s
+            parts.append(
+                f"tunix {peer_tps:,.0f} tok/s (mean length {np.mean(peer_lengths):.1f}, first "
+                f"call {peer_first:.1f} s; logits agree to {diff:.0e}; tunix "
+                f"{tunix_peer.version()})"
+            )
+        else:
+            peer_tps, text = run_transformers(hf_model, prompts_bt, eos_ids, args)
+            parts.append(text + f" transformers {transformers.__version__}")
+        ratios = f"ratio {live_tps / static_tps:.2f}x static, {live_tps / peer_tps:.2f}x peer"
     print(
         f"generate {note} B={args.batch} prompt={args.prompt_len} new<={args.new_tokens} "
-        f"params={num_params(state) / 1e6:.2f}M: sagc_jax {jax_tps:,.0f} tok/s (mean length "
-        f"{jax_lengths.mean():.1f}; roofline {roofline_tps:,.0f} tok/s, {roofline['limit']}, on "
-        f"{hw.name} at {hw.peak_flops / 1e9:,.0f} GFLOP/s, {hw.hbm_bandwidth / 1e9:,.0f} GB/s: "
-        f"measured time {roofline_tps / jax_tps:.1f}x the roofline's) | {peer} | "
-        f"ratio {jax_tps / peer_tps:.2f}x | jax compile {compile_s:.1f} s "
-        f"({len(devices)} host devices, decode_chunk {args.decode_chunk} = {chunk}: "
-        f"{len(phase_slots(args.new_tokens, chunk))} phases) | jax {jax.__version__} {versions}"
+        f"params={num_params(state) / 1e6:.2f}M row_buckets={args.row_buckets} "
+        f"decode_chunk={args.decode_chunk}={chunk}: " + " | ".join(parts) + f" | {ratios} | "
+        f"{len(devices)} host devices, jax {jax.__version__}"
     )
     sys.stdout.flush()
 

@@ -27,7 +27,8 @@ Workloads (`--workload`):
     rollout when every row has ended; TRL's update then runs over rows padded to the longest
     completion, sagc_jax's over its update batch (packed or padded, below).
 
-  * sagc_jax: its trainer's paths, as `Trainer.train_step` uses them: `Sampler` -> rewards ->
+  * sagc_jax: its trainer's paths, as `Trainer.train_step` uses them: `Sampler` (each prompt
+    prefilled once, its rows leaving the batch as they finish: `sampling.row_buckets`) -> rewards ->
     `group_advantages`, `completion_mask` -> the update batch -> `PolicyPrograms.update`; the step
     ends with `jax.device_get` of the update metrics, so the timed work has finished. Log-probs
     for the ratio come from the sampler. With `--packing` (default, as `train.packing: true`) the
@@ -367,7 +368,7 @@ def run_sagc(jax_model, cfg, prompts_pt, args) -> tuple[Timing, float]:
         )
 
     start = time.perf_counter()
-    sampler.compile(params, len(prompt_ids), PROMPT_LEN, max_new_tokens=new_tokens)
+    sampler.compile(params, len(prompt_ids), PROMPT_LEN, max_new_tokens=new_tokens, prompts=prompts)
     compile_s = time.perf_counter() - start
     update_shapes: set = set()
     rollout_s: list[float] = []
@@ -378,8 +379,14 @@ def run_sagc(jax_model, cfg, prompts_pt, args) -> tuple[Timing, float]:
         t0 = time.perf_counter()
         key = jax.random.fold_in(root_key, i)
         rollout_key, update_key = jax.random.split(key)
-        out = sampler(
-            params, prompt_ids, prompt_lens, rollout_key, max_new_tokens=new_tokens, temperature=1.0
+        out = sampler(  # each prompt once: its G rollouts share one prefill
+            params,
+            np.asarray(prompts_pt, np.int32),
+            prompt_lens[::group],
+            rollout_key,
+            prompt_index_r=group_ids,
+            max_new_tokens=new_tokens,
+            temperature=1.0,
         )
         out = sampler.to_host(out)
         rollout_s.append(time.perf_counter() - t0)

@@ -469,7 +469,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.hardware is not None:  # first: an unknown name stops before anything is printed
         step = step_prediction(cfg, args.hardware, devices, args.mean_new_tokens)
         memory = memory or HARDWARE[args.hardware].memory_gib
-    print(format_plan(memory_plan(cfg, devices), memory))
+    print(format_plan(memory_plan(cfg, devices, int(memory * 1024**3) if memory else None), memory))
     if step is not None:
         print()
         print(format_step(step))

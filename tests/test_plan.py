@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import pytest
 
 from sagc_jax.cli import main
-from sagc_jax.config import load_config
-from sagc_jax.train.plan import lora_comparison, memory_plan
+from sagc_jax.config import ConfigError, load_config
+from sagc_jax.train.plan import auto_slots, lora_comparison, memory_plan
 
 PAPER = Path(__file__).parent.parent / "configs" / "paper"
 
@@ -56,6 +56,29 @@ def test_plan_levers_shrink_memory():
     )
 
 
+def test_slots_bound_the_kv_cache_and_auto_fills_the_memory():
+    base = ["model.preset=qwen2.5-0.5b", "sampling.prompt_buckets=[256]", "mesh.fsdp=4"]
+    base += ["sampling.max_new_tokens=2048", "train.prompts_per_step=64"]  # G = 16: 1,024 rows
+    every = memory_plan(load_config(None, base), 4)
+    quarter = memory_plan(load_config(None, [*base, "sampling.slots=256"]), 4)
+    kv_every, kv_quarter = _items(every)["KV cache"], _items(quarter)["KV cache"]
+    assert kv_quarter.per_device * 4 == kv_every.per_device and "256 of 1024" in kv_quarter.detail
+    # one prefill per prompt: 64 prompts' caches, whole on every device
+    prompt = _items(every)["prompt cache"]
+    assert prompt.per_device == prompt.total == 2 * 24 * 64 * 2 * 64 * 256 * 4
+    # auto: the most rows whose cache fits 90% of the device beside the rest, in whole shards
+    rest = every.per_device - kv_every.per_device
+    budget = int(rest / 0.9 + 0.5 * kv_every.per_device / 0.9)  # room for about half the rows
+    cfg = load_config(None, [*base, "sampling.slots=auto"])
+    slots = auto_slots(cfg, 4, budget)
+    assert slots % 4 == 0 and 480 <= slots <= 512
+    fitted = memory_plan(cfg, 4, budget)
+    assert fitted.per_device <= 0.9 * budget < fitted.per_device + kv_every.per_device / 256
+    assert auto_slots(cfg, 4, 2 * every.per_device) == 1024  # never more than the rollouts
+    with pytest.raises(ConfigError, match="sampling.slots = auto: not one row"):
+        auto_slots(cfg, 4, int(rest))
+
+
 def test_plan_command_says_whether_it_fits(capsys):
     config = str(PAPER / "llama-3.2-3b-grpo-gpu80.yaml")
     assert main(["plan", "--config", config, "--device-memory", "80"]) == 0
@@ -95,7 +118,7 @@ def test_plan_lora_compare_prints_what_fits(capsys):
     assert "LoRA: rank 16 on q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj" in out
     rows = {line[:28].strip(): " ".join(line[28:].split()) for line in out.splitlines()}
     assert rows["optimizer state"] == "34.49 0.22"
-    assert rows["one 48 GB GPU (48 GiB)"] == "no (143%) fits (48%)"
+    assert rows["one 48 GB GPU (48 GiB)"] == "no (143%) fits (49%)"  # the prompt cache counted
     assert rows["one 80 GB GPU (80 GiB)"] == "fits (86%) fits (29%)"
     assert main(["plan", "--config", config, "--lora-compare", "0"]) == 2
     assert "--lora-compare 0: the rank must be >= 1" in capsys.readouterr().err

@@ -149,9 +149,14 @@ def _tree_bytes(tree, logical_tree, mesh, rules=RULES) -> tuple[int, int]:
     return per_device, total
 
 
-def memory_plan(cfg: Config, num_devices: int) -> MemoryPlan:
+def memory_plan(
+    cfg: Config, num_devices: int, device_bytes: int | None = None, slots: int | None = None
+) -> MemoryPlan:
     """Per-device memory of ``cfg`` on ``num_devices``; its prompt buckets must be concrete
-    (``data.with_resolved_buckets`` turns ``auto`` into the data's)."""
+    (``data.with_resolved_buckets`` turns ``auto`` into the data's). The KV cache holds
+    ``slots`` rows (default: ``sampling.slots`` of the largest candidate G's rollouts; ``auto``
+    resolved by `auto_slots` against ``device_bytes`` per device, or all the rollouts when
+    that is not given)."""
     if isinstance(cfg.sampling.prompt_buckets, str):
         raise ConfigError(
             "sagc-jax plan needs the prompt buckets: resolve sampling.prompt_buckets = auto "
@@ -187,14 +192,28 @@ def memory_plan(cfg: Config, num_devices: int) -> MemoryPlan:
 
     g = max(make_controller(cfg.controller).candidates)
     rows = prompts_for(cfg, g) * g
-    slots = max(cfg.sampling.prompt_buckets) + cfg.sampling.max_new_tokens
-    cache = jax.ShapeDtypeStruct(
-        (rows, arch.num_kv_heads, arch.head_dim, slots), arch.compute_jnp_dtype
-    )
+    if slots is None:
+        slots = cfg.sampling.slots
+        if slots == "auto":
+            slots = auto_slots(cfg, num_devices, device_bytes) if device_bytes else 0
+    decoded = min(slots or rows, rows)
+    width = max(cfg.sampling.prompt_buckets) + cfg.sampling.max_new_tokens
+    cd = arch.compute_jnp_dtype
+    cache = jax.ShapeDtypeStruct((decoded, arch.num_kv_heads, arch.head_dim, width), cd)
     per_layer = _shard_bytes(cache, (ax.BATCH, ax.ACT_KV_HEADS, None, ax.CACHE_LENGTH), mesh)
     total_cache = 2 * arch.num_layers * math.prod(cache.shape) * cache.dtype.itemsize
-    detail = f"G = {g}: {rows} rollouts x {slots} slots x {arch.num_layers} layers"
+    detail = (
+        f"G = {g}: {decoded} of {rows} rollouts decoding at once (sampling.slots) x {width} "
+        f"slots x {arch.num_layers} layers"
+    )
     items.append(Item("KV cache", detail, 2 * arch.num_layers * per_layer, total_cache))
+    # One prefill per prompt, its cache replicated on every device (copied into the slots).
+    prompts = prompts_for(cfg, g)
+    bucket = max(cfg.sampling.prompt_buckets)
+    prompt_bytes = 2 * arch.num_layers * prompts * arch.num_kv_heads * arch.head_dim * bucket
+    prompt_bytes *= cache.dtype.itemsize
+    detail = f"{prompts} prompts x {bucket} tokens x {arch.num_layers} layers, on every device"
+    items.append(Item("prompt cache", detail, prompt_bytes, prompt_bytes))
 
     # Packed rows: at most the padded row count (the ladder's top rung) of pack_len tokens.
     micro_rows = rows // (cfg.train.minibatches * cfg.train.microbatches)
@@ -210,6 +229,29 @@ def memory_plan(cfg: Config, num_devices: int) -> MemoryPlan:
     )
     items.append(Item("activations", detail, residual, residual * micro_rows // local_rows))
     return MemoryPlan(source, count, arch.param_dtype, sizes, items, lora)
+
+
+def auto_slots(cfg: Config, num_devices: int, device_bytes: int, share: float = 0.9) -> int:
+    """``sampling.slots: auto``: the most rows of the largest candidate G's rollouts whose KV
+    cache fits ``share`` of ``device_bytes`` per device beside everything else `memory_plan`
+    counts, a multiple of the mesh's batch shards (at most every rollout)."""
+    g = max(make_controller(cfg.controller).candidates)
+    rollouts = prompts_for(cfg, g) * g
+    sizes = mesh_shape(cfg.mesh, num_devices)
+    shards = math.prod(sizes[a] for a in BATCH_AXES)
+    plan = memory_plan(cfg, num_devices, slots=rollouts)
+    kv = next(item for item in plan.items if item.name == "KV cache")
+    per_row = kv.per_device / (rollouts // shards)  # bytes of one row's cache on its device
+    rest = plan.per_device - kv.per_device
+    rows_per_device = min(int((share * device_bytes - rest) // per_row), rollouts // shards)
+    if rows_per_device < 1:
+        raise ConfigError(
+            f"sampling.slots = auto: not one row's KV cache ({per_row / GIB:.2f} GiB) fits "
+            f"beside the rest of sagc-jax plan's estimate ({rest / GIB:.1f} GiB) in "
+            f"{share:.0%} of {device_bytes / GIB:.1f} GiB per device; shorten "
+            f"sampling.max_new_tokens or spread the model (mesh.fsdp, mesh.tensor)"
+        )
+    return rows_per_device * shards
 
 
 def _training_items(cfg: Config, trainable, weight_bytes, mesh, lora: str) -> list[Item]:

@@ -17,7 +17,8 @@ GIB = 1024**3
 
 # The keys that shrink each item of plan's estimate, for the refusal's advice.
 _LEVERS = {
-    "KV cache": "sampling.max_new_tokens, train.prompts_per_step",
+    "KV cache": "sampling.slots, sampling.max_new_tokens, train.prompts_per_step",
+    "prompt cache": "train.prompts_per_step or sampling.prompt_buckets",
     "activations": "train.microbatches or model.remat",
     "parameters": "mesh.fsdp or model.param_dtype",
     "optimizer state": "mesh.fsdp or train.optimizer_dtype",
@@ -51,8 +52,8 @@ def check_device_memory(cfg: Config) -> None:
     memory of one device (``cfg``'s prompt buckets must be concrete)."""
     from sagc_jax.train.plan import memory_plan
 
-    plan = memory_plan(cfg, jax.device_count())
     available, what = device_memory()
+    plan = memory_plan(cfg, jax.device_count(), available)
     if plan.per_device <= available:
         return
     biggest = max(plan.items, key=lambda item: item.per_device)
