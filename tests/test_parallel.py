@@ -155,8 +155,8 @@ def test_parameters_and_optimizer_state_are_really_split(sharded):
     assert nbytes["mixed"] < 0.3 * nbytes["single"]
     for name in ("fsdp2", "fsdp8", "tensor4", "mixed"):
         assert sharded[name]["opt_bytes"] < sharded["single"]["opt_bytes"], name
-    # the KV cache is split by rows (only its 4-byte write index is replicated)
-    assert sharded["fsdp8"]["cache_bytes"] * 8 - 7 * 4 == sharded["single"]["cache_bytes"]
+    # the KV cache is split by rows, its per-row write index too
+    assert sharded["fsdp8"]["cache_bytes"] * 8 == sharded["single"]["cache_bytes"]
     assert sharded["mixed"]["param_spec"] == ["fsdp", "tensor"]
 
 

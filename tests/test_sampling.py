@@ -302,7 +302,7 @@ from jax.sharding import PartitionSpec as P
 from sagc_jax.config import MeshConfig
 from sagc_jax.models import Decoder, get_preset
 from sagc_jax.parallel import ShardingPlan, bytes_per_device
-from sagc_jax.sampling import Sampler, left_pad
+from sagc_jax.sampling import Sampler, left_pad, schedule
 assert jax.device_count() == 2
 small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, head_dim=8)
 model = Decoder(get_preset("tiny", **small), rngs=nnx.Rngs(0))
@@ -342,6 +342,37 @@ stop = Sampler(plain.graphdef, plain.config, eos_ids=tuple(a.tokens_bt[:2, 0]), 
 _, c = run(stop, params, temperature=0.0)
 assert list(c.lengths_b[:2]) == [1, 1], c.lengths_b
 assert int(c.num_decode_steps) == int(np.max(c.lengths_b)) - 1
+# 8 rollouts of the 4 prompts (prompt_index_r) through 4 slots, 2 per device, rows leaving for
+# rung 2 as they end: the one-device sampler's tokens, and the schedule's counters.
+index_r = np.array([3, 0, 1, 2, 2, 1, 0, 3])
+_, greedy = run(plain, state, temperature=0.0, prompt_index_r=index_r)
+_, free = run(plain, state, temperature=1.0, prompt_index_r=index_r)
+ends = (int(greedy.tokens_bt[1, 1]), int(greedy.tokens_bt[2, 0]))
+ends += (int(free.tokens_bt[0, 3]), int(free.tokens_bt[2, 1]))
+one = Sampler(plain.graphdef, plain.config, eos_ids=ends, decode_chunk=0)
+streamed = Sampler(plain.graphdef, plain.config, eos_ids=ends, decode_chunk=3, slots=4,
+                   row_buckets=2, plan=plan, state_shardings=param_sh)
+assert streamed.slots_for(8) == 4 and plan.batch_shards == 2
+for temperature in (0.0, 1.0):
+    _, a = run(one, state, temperature=temperature, prompt_index_r=index_r)
+    _, b = run(streamed, params, temperature=temperature, prompt_index_r=index_r)
+    np.testing.assert_array_equal(a.tokens_bt, b.tokens_bt)
+    np.testing.assert_array_equal(a.lengths_b, b.lengths_b)
+    np.testing.assert_array_equal(a.truncated_b, b.truncated_b)
+    np.testing.assert_allclose(a.logprobs_bt, b.logprobs_bt, atol=1e-5)
+    want = schedule.simulate(b.lengths_b, 6, slots=4, chunk=3, row_buckets=2, shards=2)
+    counted = (int(b.num_decode_steps), int(b.rows_decoded), int(b.live_rows_decoded))
+    assert counted == (want.decode_steps, want.rows_decoded, want.live_rows_decoded), counted
+    assert int(b.rows_decoded) < int(b.num_decode_steps) * 4, counted
+    assert len(set(b.lengths_b.tolist())) >= 3, b.lengths_b
+assert streamed.compiled_programs() == 1
+# 3 slots do not split into the 2 batch shards: refused before anything compiles
+odd = Sampler(plain.graphdef, plain.config, slots=3, plan=plan, state_shardings=param_sh)
+try:
+    odd.slots_for(8)
+    raise AssertionError("3 slots over 2 shards were accepted")
+except ValueError as e:
+    assert "sampling.slots = 3 rows do not split into the mesh's 2 batch shards" in str(e), e
 print("OK")
 """
 

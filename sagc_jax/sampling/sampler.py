@@ -274,7 +274,11 @@ class Sampler:
             index_r = np.arange(num_prompts, dtype=np.int32)
         else:
             index_r = np.asarray(prompt_index_r)
-            if index_r.ndim != 1 or index_r.size == 0 or not np.issubdtype(index_r.dtype, int):
+            if (
+                index_r.ndim != 1
+                or index_r.size == 0
+                or not np.issubdtype(index_r.dtype, np.integer)
+            ):
                 raise ValueError(
                     f"prompt_index_r must be a non-empty 1-D integer array, got shape "
                     f"{index_r.shape} of {index_r.dtype}"
