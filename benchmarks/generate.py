@@ -169,9 +169,10 @@ def main() -> None:
         )
 
     def timed(sampler, batches):
-        """(best seconds, outputs of that run, compile seconds, outputs of the first timed run)
-        of decoding each of `batches` (row ranges of prompts_bt) in turn, over 1 + repeats runs
-        (the first compiles; run i uses key i)."""
+        """(seconds, outputs, compile seconds) of the timed runs: decoding each of `batches`
+        (row ranges of prompts_bt) in turn, run i with key i, over 1 + repeats runs; the first
+        compiles and is not timed. Every side decodes the same keys, so the same tokens where
+        it decodes the same batches."""
         runs = []
         for seed in range(args.repeats + 1):
             start = time.perf_counter()
@@ -187,9 +188,9 @@ def main() -> None:
                 )
                 outs.append(jax.block_until_ready(out))
             runs.append((time.perf_counter() - start, [sampler.to_host(o) for o in outs]))
-        best_s, outs = min(runs[1:], key=lambda run: run[0])
         assert sampler.compiled_programs() == 1
-        return best_s, outs, runs[0][0] - best_s, runs[1][1]
+        seconds = sum(run[0] for run in runs[1:])
+        return seconds, [o for run in runs[1:] for o in run[1]], runs[0][0] - seconds / args.repeats
 
     def describe(name, seconds, outs, compile_s):
         lengths = np.concatenate([o.lengths_b for o in outs])
@@ -198,16 +199,17 @@ def main() -> None:
         live = sum(int(o.live_rows_decoded) for o in outs)
         tps = lengths.sum() / seconds
         text = (
-            f"{name} {tps:,.0f} tok/s (mean length {lengths.mean():.1f}, {steps} decode steps, "
-            f"{rows / max(steps, 1):.1f} rows/step, padding {1 - live / max(rows, 1):.2f}, "
-            f"compile {compile_s:.1f} s)"
+            f"{name} {tps:,.0f} tok/s (mean length {lengths.mean():.1f}, "
+            f"{steps / args.repeats:.0f} decode steps a run, {rows / max(steps, 1):.1f} rows/step, "
+            f"padding {1 - live / max(rows, 1):.2f}, compile {compile_s:.1f} s)"
         )
         return tps, lengths, text
 
     whole = [(0, args.batch)]
     live = sampler(row_buckets=args.row_buckets, slots=args.slots * (args.workload == "refill"))
-    live_s, live_outs, live_compile, live_first = timed(live, whole)
-    live_tps, lengths, live_text = describe("sagc_jax", live_s, live_outs, live_compile)
+    live_s, live_outs, live_compile = timed(live, whole)
+    live_tps, _, live_text = describe("sagc_jax", live_s, live_outs, live_compile)
+    lengths = live_outs[0].lengths_b  # one run's (the roofline times one call)
     chunk = resolve_chunk(args.new_tokens, args.decode_chunk)
     hw, eff = roofline_hardware(args.hardware)
     roofline = rollout_seconds(
@@ -231,12 +233,12 @@ def main() -> None:
     parts = [live_text]
     if args.workload == "refill":
         micro = [(i, min(i + args.slots, args.batch)) for i in range(0, args.batch, args.slots)]
-        static_s, static_outs, static_compile, _ = timed(sampler(row_buckets=1), micro)
+        static_s, static_outs, static_compile = timed(sampler(row_buckets=1), micro)
         static_tps, _, text = describe(
             f"static micro-batches of {args.slots}", static_s, static_outs, static_compile
         )
         parts.append(text)
-        leave_s, leave_outs, leave_compile, _ = timed(sampler(row_buckets=args.row_buckets), micro)
+        leave_s, leave_outs, leave_compile = timed(sampler(row_buckets=args.row_buckets), micro)
         leave_tps, _, text = describe(
             f"micro-batches of {args.slots} with rows leaving", leave_s, leave_outs, leave_compile
         )
@@ -246,11 +248,14 @@ def main() -> None:
             f"{live_tps / leave_tps:.2f}x micro-batches with rows leaving"
         )
     else:
-        static_s, static_outs, static_compile, static_first = timed(sampler(row_buckets=1), whole)
+        static_s, static_outs, static_compile = timed(sampler(row_buckets=1), whole)
         static_tps, _, text = describe(
             "sagc_jax static (every row until the longest)", static_s, static_outs, static_compile
         )
-        same = np.array_equal(live_first[0].tokens_bt, static_first[0].tokens_bt)
+        same = all(
+            np.array_equal(a.tokens_bt, b.tokens_bt)
+            for a, b in zip(live_outs, static_outs, strict=True)
+        )
         parts.append(text + f" [same tokens: {same}]")
         if args.peer == "tunix":
             peer_s, peer_first, peer_lengths = tunix_peer.run_sampler(

@@ -464,10 +464,14 @@ class Sampler:
 
         def iterate(cache: KVCache, slots: _Slots, run: _Run, cap: int):
             """One decode iteration of the rows in `slots` (a rung); run's counters updated."""
-            index_b = jnp.minimum(prompt_len + slots.age_s - 1, prompt_len + cap - 1)
-            logits_b1v, cache = model.apply_cached(
-                slots.last_s[:, None], cache._replace(index=index_b)
+            if n <= num_slots:  # every rollout started together: running rows share their age
+                index = prompt_len + run.steps  # one write slot for all (a cheaper update)
+            else:
+                index = jnp.minimum(prompt_len + slots.age_s - 1, prompt_len + cap - 1)
+            logits_b1v, written = model.apply_cached(
+                slots.last_s[:, None], cache._replace(index=index)
             )
+            cache = written._replace(index=cache.index)
             token_b, logprob_b = draw(logits_b1v[:, 0], slots.rollout_s, slots.age_s)
             live_b = slots.live_s
             write_bl = live_b[:, None] & (jnp.arange(length)[None, :] == slots.age_s[:, None])
