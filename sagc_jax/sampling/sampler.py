@@ -18,7 +18,7 @@ and the key and temperature / top_p / top_k are arrays, so new prompts, seeds or
 the program.
 
 Random stream: token t of rollout r draws with ``fold_in(fold_in(key, r), t)``, so a rollout's
-tokens depend on the key, its index and its prompt only, not on the slots, the buckets or
+tokens depend on the key, its index and its prompt only, not on the slots, the rungs or
 which rows shared its iterations (nor on the processes of a multi-process run).
 """
 
@@ -103,10 +103,6 @@ class _Run(NamedTuple):
 
 def _take_rows(tree, idx):
     return jax.tree.map(lambda x: x[idx], tree)
-
-
-def _put_rows(tree, idx, part):
-    return jax.tree.map(lambda x, y: x.at[idx].set(y), tree, part)
 
 
 class Sampler:
