@@ -6,7 +6,7 @@ The names below load their module on first use, so that importing ``sagc_jax.par
 import jax.
 """
 
-import importlib
+from sagc_jax.lazy import lazy_names
 
 _HOMES = {
     "EXIT_PEER_LOST": "supervisor",
@@ -28,13 +28,4 @@ _HOMES = {
 __all__ = sorted(_HOMES)
 
 
-def __getattr__(name: str):
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
-    globals()[name] = value  # looked up once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOMES})
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, globals())

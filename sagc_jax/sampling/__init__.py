@@ -5,7 +5,7 @@ The names below load their module on first use, so that the step-time model (``s
 only) can import ``sagc_jax.sampling.schedule`` without importing jax.
 """
 
-import importlib
+from sagc_jax.lazy import lazy_names
 
 _HOMES = {
     "filter_top_k_top_p": "functions",
@@ -21,13 +21,4 @@ _HOMES = {
 __all__ = sorted(_HOMES)
 
 
-def __getattr__(name: str):
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
-    globals()[name] = value  # looked up once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOMES})
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, globals())

@@ -75,19 +75,25 @@ def row_rungs(slots: int, row_buckets: int, shards: int = 1) -> tuple[int, ...]:
     return tuple(rungs)
 
 
+def list_schedule(durations_r, slots: int) -> np.ndarray:
+    """int64 [N]: when each job starts if ``slots`` slots run jobs of ``durations_r`` [N] and a
+    free slot takes the next job in order (list scheduling; all slots free at 0)."""
+    durations_r = np.asarray(durations_r, np.int64).ravel()
+    if slots >= durations_r.size:
+        return np.zeros(durations_r.size, np.int64)
+    free_at = [0] * slots  # a heap of the times at which each slot frees up
+    starts = np.empty(durations_r.size, np.int64)
+    for r, duration in enumerate(durations_r.tolist()):
+        starts[r] = heapq.heappop(free_at)
+        heapq.heappush(free_at, int(starts[r]) + duration)
+    return starts
+
+
 def start_times(lengths_r, slots: int) -> np.ndarray:
     """int64 [N]: the iteration at whose end each rollout takes a slot (0: before the first),
     when ``slots`` slots are refilled in rollout order. A rollout of length l started at s frees
     its slot at the end of iteration s + l - 1 (at once if l = 1)."""
-    lengths_r = np.asarray(lengths_r, np.int64).ravel()
-    if slots >= lengths_r.size:
-        return np.zeros(lengths_r.size, np.int64)
-    free_at = [0] * slots
-    starts = np.empty(lengths_r.size, np.int64)
-    for r, length in enumerate(lengths_r.tolist()):
-        starts[r] = heapq.heappop(free_at)
-        heapq.heappush(free_at, int(starts[r]) + length - 1)
-    return starts
+    return list_schedule(np.asarray(lengths_r, np.int64) - 1, slots)
 
 
 class Schedule(NamedTuple):

@@ -35,7 +35,6 @@ device run of this project has measured them at real RL sizes yet.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import math
 
 import numpy as np
@@ -185,16 +184,9 @@ def dense_seconds(flops: float, hw: Hardware, devices: int = 1, eff=None) -> flo
 
 def slot_schedule(lengths, slots: int) -> np.ndarray:
     """int64 [B]: the decode step at which each rollout starts when ``slots`` rows decode at
-    once and a finished row's slot takes the next rollout in order (list scheduling)."""
-    lengths = np.asarray(lengths, np.int64).ravel()
-    if slots >= lengths.size:
-        return np.zeros(lengths.size, np.int64)
-    free_at = [0] * slots  # a heap of the steps at which each slot frees up
-    starts = np.empty(lengths.size, np.int64)
-    for i, length in enumerate(lengths.tolist()):
-        starts[i] = heapq.heappop(free_at)
-        heapq.heappush(free_at, int(starts[i]) + length)
-    return starts
+    once and a finished row's slot takes the next rollout in order (each holds its slot for as
+    many steps as it has tokens)."""
+    return schedule.list_schedule(lengths, slots)
 
 
 def _prefill_seconds(costs: ModelCosts, hw: Hardware, prompts, devices: int, eff) -> float:
