@@ -162,6 +162,33 @@ def test_counters_are_the_schedule(engine, setting):
             assert int(out.rows_decoded) < int(out.num_decode_steps) * num_slots, seed
 
 
+@pytest.mark.parametrize("setting", ENGINES, ids=str)
+def test_without_end_tokens_every_engine_runs_the_free_run_to_the_cap(engine, setting):
+    """Without end tokens every row runs to the cap (all slots at once: in lockstep, its loop
+    conditions counted without a reduction over the rows): the tokens of the reference, and the
+    schedule's counters of rows that all end at the cap (no row leaves)."""
+    slots, row_buckets, chunk = setting
+    sampler = Sampler(
+        engine.samplers[setting].graphdef,
+        engine.model.config,
+        eos_ids=(),
+        pad_id=0,
+        slots=slots,
+        row_buckets=row_buckets,
+        decode_chunk=chunk,
+    )
+    for (seed, settings), free in zip(CALLS, engine.free_outs, strict=True):
+        out = _call(sampler, engine.state, seed, settings)
+        np.testing.assert_array_equal(out.tokens_bt, free.tokens_bt)
+        np.testing.assert_allclose(out.logprobs_bt, free.logprobs_bt, rtol=1e-5, atol=1e-6)
+        assert out.truncated_b.all() and out.lengths_b.min() == MAX_NEW
+        want = schedule.simulate(
+            out.lengths_b, MAX_NEW, slots=slots, chunk=chunk, row_buckets=row_buckets
+        )
+        counted = (int(out.num_decode_steps), int(out.rows_decoded), int(out.live_rows_decoded))
+        assert counted == (want.decode_steps, want.rows_decoded, want.live_rows_decoded), seed
+
+
 def test_fewer_slots_take_more_iterations_and_fewer_rows(engine):
     """The same rollouts through 4 slots: more iterations than with all 12, fewer rows; row
     buckets cut the rows of the tail further."""

@@ -452,9 +452,17 @@ class Sampler:
 
             return jax.lax.while_loop(free, one, (cache, run))
 
-        def status(slots: _Slots, cap: int):
+        # Without an end-of-sequence token and with every rollout started together, every row
+        # runs to the cap: ages are 1 + steps, and counting rows needs no reduction.
+        lockstep = not self.eos_ids and n <= num_slots
+
+        def status(slots: _Slots, run: _Run, cap: int):
             """(running rows, running rows of age > cap) in one reduction: the one collective
-            an iteration's loop condition needs when rows are split over devices."""
+            an iteration's loop condition needs when rows are split over devices (none in
+            lockstep)."""
+            if lockstep:
+                age = run.steps + 1
+                return jnp.where(age < length, n, 0), jnp.where(age > cap, n, 0)
             counts = jnp.stack([slots.live_s, slots.live_s & (slots.age_s > cap)], axis=-1)
             return tuple(jnp.sum(counts.astype(jnp.int32), axis=0))
 
@@ -491,7 +499,7 @@ class Sampler:
 
             def going(carry):
                 _, slots, run = carry
-                live, over = status(slots, cap)
+                live, over = status(slots, run, cap)
                 return (live > 0) & (over == 0) & more(live, run)
 
             def step(carry):
@@ -505,10 +513,20 @@ class Sampler:
 
         def gather(cache: KVCache, slots: _Slots, run: _Run, rows: int, width: int):
             """Every row's completion written out, then the running rows (stable) and finished
-            ones into `rows` rows; the cache padded to `width` slots."""
-            idx_b = jnp.argsort(~slots.live_s, stable=True)[:rows]
-            part = self._grow(self._constrain(_take_rows(cache, idx_b)), width)
-            return part, _take_rows(slots, idx_b), flush(run, slots)
+            ones into `rows` rows; the cache padded to `width` slots (an empty one when no row
+            runs: the rest of the tail then only checks that none does)."""
+            live, _ = status(slots, run, length)
+
+            def take():
+                idx_b = jnp.argsort(~slots.live_s, stable=True)[:rows]
+                part = self._grow(self._constrain(_take_rows(cache, idx_b)), width)
+                return part, _take_rows(slots, idx_b)
+
+            def empty():
+                return self.empty_cache(rows, width), _take_rows(slots, jnp.arange(rows))
+
+            part, kept = jax.lax.cond(live > 0, take, empty)
+            return part, kept, flush(run, slots)
 
         full_width = prompt_len + length
         tail = len(rungs) > 1
@@ -532,7 +550,7 @@ class Sampler:
             if phase + 1 == len(caps_p):
                 return leave()
             grown = prompt_len + caps_p[phase + 1]
-            live, _ = status(slots, cap)
+            live, _ = status(slots, run, cap)
             return jax.lax.cond(
                 (live > 0) & (~in_tail(live, run) if tail else True),
                 lambda: all_slots(phase + 1, self._grow(cache, grown), run),
@@ -542,21 +560,28 @@ class Sampler:
         def decode(cache: KVCache, run: _Run) -> _Run:
             if not tail:
                 return all_slots(0, cache, run)
-            cache, slots, run = all_slots(0, cache, run)
-            # The tail: the live count only falls, so the rungs are visited in order.
-            for k in range(1, len(rungs)):
+
+            def rung(k: int, cache: KVCache, slots: _Slots, run: _Run) -> _Run:
+                """Rungs k, k + 1, ... of the tail (Python recursion: unrolled in the trace);
+                the live count only falls, so the rungs are visited in order, and the rest is
+                skipped once no row runs."""
                 smaller = rungs[k + 1] if k + 1 < len(rungs) else 0
-                cache, slots, run = iterations(
-                    cache,
-                    slots,
-                    run,
-                    length,
-                    lambda live, run, smaller=smaller: live > smaller,
-                    False,
+                more = lambda live, run: live > smaller  # noqa: E731
+                cache, slots, run = iterations(cache, slots, run, length, more, False)
+                if not smaller:
+                    return flush(run, slots)
+                live, _ = status(slots, run, length)
+                return jax.lax.cond(
+                    live > 0,
+                    lambda: rung(k + 1, *gather(cache, slots, run, smaller, full_width)),
+                    lambda: flush(run, slots),
                 )
-                if smaller:
-                    cache, slots, run = gather(cache, slots, run, smaller, full_width)
-            return flush(run, slots)
+
+            cache, slots, run = all_slots(0, cache, run)
+            live, _ = status(slots, run, length)
+            return jax.lax.cond(
+                live > 0, lambda: rung(1, cache, slots, run), lambda: flush(run, slots)
+            )
 
         zeros_s = jnp.zeros((num_slots,), jnp.int32)
         run = _Run(
