@@ -895,6 +895,31 @@ class SimConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class TailBatchingConfig(_Section):
+    """On-policy tail batching beside the group-size controller (docs/controller.md, "Tail
+    batching"): a step starts more prompts than it trains, ends its rollout once enough whole
+    groups have finished, and trains the prompts it cut later, in a long round that waits for
+    all of its groups. Every kept completion is complete and from the current policy."""
+
+    _prefix = "tail_batching."
+    enabled: bool = option(False, help="start extra prompts and keep the first whole groups")
+    extra: float = option(
+        0.25,
+        gt=0.0,
+        le=4.0,
+        help="extra prompts a step starts, a share of train.prompts_per_step (rounded up to "
+        "whole prompts per process)",
+    )
+    long_round_every: int = option(
+        0,
+        ge=0,
+        help="a long round every this many steps when prompts wait (0: only when a whole "
+        "step's prompts wait); a long round trains the oldest deferred prompts and waits for "
+        "all of its groups",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class Config(_Section):
     """The whole run configuration."""
 
@@ -908,10 +933,22 @@ class Config(_Section):
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
     sim: SimConfig = dataclasses.field(default_factory=SimConfig)
+    tail_batching: TailBatchingConfig = dataclasses.field(default_factory=TailBatchingConfig)
 
     def check(self) -> None:
         """Rules across sections."""
         c, t = self.controller, self.train
+        if self.tail_batching.enabled:
+            for on, what in (
+                (c.kind == "hybrid", "controller.kind = 'hybrid' (its sizes are per prompt)"),
+                (self.loss.dynamic_sampling, "loss.dynamic_sampling (its refill rounds)"),
+                (t.batch_mode != "prompts", "train.batch_mode = budget (prompts follow G)"),
+            ):
+                if on:
+                    raise ConfigError(
+                        f"tail_batching.enabled = true does not combine with {what}; turn one "
+                        f"of them off"
+                    )
         if c.kind == "hybrid":
             if t.batch_mode != "prompts":
                 raise ConfigError(

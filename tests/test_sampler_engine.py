@@ -189,6 +189,66 @@ def test_without_end_tokens_every_engine_runs_the_free_run_to_the_cap(engine, se
         assert counted == (want.decode_steps, want.rows_decoded, want.live_rows_decoded), seed
 
 
+@pytest.mark.parametrize(
+    "setting, keep", zip([REFERENCE, *ENGINES], [1, 2, 1, 2], strict=True), ids=str
+)
+def test_keep_groups_stops_once_enough_whole_groups_are_done(engine, setting, keep):
+    """With keep_groups (tail batching) the program stops at the iteration `schedule.group_stop`
+    names from the full run's lengths: the rollouts done by then are the full run's, tokens and
+    all; the cut ones hold a prefix of theirs (the same per-rollout stream), shorter; the
+    counters are the schedule's up to the stop."""
+    slots, row_buckets, chunk = setting
+    sampler = Sampler(
+        engine.samplers[setting].graphdef,
+        engine.model.config,
+        eos_ids=engine.eos_ids,
+        pad_id=0,
+        slots=slots,
+        row_buckets=row_buckets,
+        decode_chunk=chunk,
+    )
+    cut_rollouts = 0
+    for seed, settings in CALLS:
+        full = engine.outs[setting, seed]
+        out = jax.device_get(
+            sampler(
+                engine.state,
+                _IDS_PT,
+                _LENS_P,
+                jax.random.key(seed),
+                max_new_tokens=MAX_NEW,
+                prompt_index_r=INDEX_R,
+                keep_groups=keep,
+                **settings,
+            )
+        )
+        stop_k, done_r = schedule.group_stop(full.lengths_b, INDEX_R, keep, slots=slots)
+        assert int(out.num_decode_steps) == stop_k, seed
+        np.testing.assert_array_equal(out.cut_b, ~done_r)
+        whole = [g for g in range(len(PROMPTS)) if done_r[INDEX_R == g].all()]
+        assert len(whole) >= keep
+        np.testing.assert_array_equal(out.tokens_bt[done_r], full.tokens_bt[done_r])
+        np.testing.assert_array_equal(out.lengths_b[done_r], full.lengths_b[done_r])
+        cut = ~done_r
+        cut_rollouts += cut.sum()
+        assert (out.lengths_b[cut] < full.lengths_b[cut]).all() and out.truncated_b[cut].all()
+        prefix_rl = np.arange(MAX_NEW)[None, :] < out.lengths_b[:, None]
+        np.testing.assert_array_equal(
+            np.where(prefix_rl, full.tokens_bt, 0), np.where(prefix_rl, out.tokens_bt, 0)
+        )
+        want = schedule.simulate(
+            full.lengths_b,
+            MAX_NEW,
+            slots=slots,
+            chunk=chunk,
+            row_buckets=row_buckets,
+            stop_at=stop_k,
+        )
+        counted = (int(out.num_decode_steps), int(out.rows_decoded), int(out.live_rows_decoded))
+        assert counted == (want.decode_steps, want.rows_decoded, want.live_rows_decoded), seed
+    assert not full.cut_b.any() and cut_rollouts > 0
+
+
 def test_fewer_slots_take_more_iterations_and_fewer_rows(engine):
     """The same rollouts through 4 slots: more iterations than with all 12, fewer rows; row
     buckets cut the rows of the tail further."""

@@ -95,3 +95,23 @@ def test_rollouts_of_one_token_decode_nothing():
     assert s.decode_steps == 0 and s.rows_decoded == 0
     with pytest.raises(ValueError, match=r"lengths must be in \[1, 4\]"):
         schedule.simulate([5], 4)
+
+
+def test_group_stop_waits_for_every_part_and_follows_refill():
+    """The exit test of tail batching: whole groups counted per part (process); with fewer slots
+    a group finishes later because its rollouts start later."""
+    lengths_r = [3, 1, 5, 2, 8, 2]  # all start together: rollouts end at 2, 0, 4, 1, 7, 1
+    group_r = [0, 0, 1, 1, 2, 2]  # groups end at 2, 4, 7
+    assert schedule.group_stop(lengths_r, group_r, 1)[0] == 2
+    stop_k, done_r = schedule.group_stop(lengths_r, group_r, 2)
+    assert stop_k == 4 and done_r.tolist() == [True, True, True, True, False, True]
+    # parts: group 0 alone in part 0, groups 1 and 2 in part 1: part 1 needs group 1 (at 4)
+    assert schedule.group_stop(lengths_r, group_r, 1, part_g=[0, 1, 1])[0] == 4
+    # more groups asked than a part has: the last of its groups
+    assert schedule.group_stop(lengths_r, group_r, 5)[0] == 7
+    # two slots: rollouts 3.. start when 0 and 1 free them (ends 2, 0, 4, 3, 10, 5)
+    stop_k, done_r = schedule.group_stop(lengths_r, group_r, 2, slots=2)
+    assert stop_k == 4 and done_r.tolist() == [True, True, True, True, False, False]
+    full = schedule.simulate(lengths_r, 8)
+    cut = schedule.simulate(lengths_r, 8, stop_at=stop_k)
+    assert cut.decode_steps == stop_k and np.array_equal(cut.rows_k, full.rows_k[:stop_k])

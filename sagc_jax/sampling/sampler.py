@@ -54,6 +54,8 @@ class SampleOutput(NamedTuple):
     rows_decoded: int32 [] rows decoded, summed over the iterations (the slots they used).
     live_rows_decoded: int32 [] of those, rows still running; the rest is padding.
     prefill_rows: int32 [] prompts prefilled (one per distinct prompt).
+    cut_b: bool [N] rollouts the exit test of ``keep_groups`` stopped (running or not started:
+        their lengths are what they reached, a lower bound); all False without it.
     """
 
     tokens_bt: jax.Array
@@ -64,6 +66,7 @@ class SampleOutput(NamedTuple):
     rows_decoded: jax.Array
     live_rows_decoded: jax.Array
     prefill_rows: jax.Array
+    cut_b: jax.Array
 
 
 def _setting(value, dtype):
@@ -99,6 +102,7 @@ class _Run(NamedTuple):
     waiting: jax.Array  # int32 []: the next rollout to start (N: none waits)
     steps: jax.Array
     rows: jax.Array
+    done_g: jax.Array  # int32 [P]: rollouts of each prompt done (counted with keep_groups only)
 
 
 def _take_rows(tree, idx):
@@ -160,11 +164,11 @@ class Sampler:
             rows, scalar = plan.rows, plan.replicated
             jit_kw = dict(
                 in_shardings=(state_shardings, scalar, scalar, rows, *(scalar,) * 4),
-                out_shardings=SampleOutput(rows, rows, rows, rows, *(scalar,) * 4),
+                out_shardings=SampleOutput(rows, rows, rows, rows, *(scalar,) * 4, rows),
             )
-        # max_new_tokens and slots (last, static) are positional: jit takes no keywords with
-        # shardings.
-        self._generate = jax.jit(self._generate_impl, static_argnums=(8, 9), **jit_kw)
+        # max_new_tokens, slots and keep_groups (last, static) are positional: jit takes no
+        # keywords with shardings.
+        self._generate = jax.jit(self._generate_impl, static_argnums=(8, 9, 10), **jit_kw)
 
     @classmethod
     def from_model(cls, model: Decoder, **kwargs) -> tuple[Sampler, nnx.State]:
@@ -201,6 +205,7 @@ class Sampler:
         *,
         max_new_tokens: int,
         prompts: int | None = None,
+        keep_groups: int = 0,
     ) -> jax.stages.Compiled:
         """Compiles the program for ``rollouts`` rollouts (all processes') of ``prompts`` distinct
         prompts (default: one each) padded to ``prompt_len``, without running it; the next call
@@ -230,6 +235,7 @@ class Sampler:
             jnp.int32(0),
             max_new_tokens,
             self.slots_for(rollouts),
+            keep_groups,
         ).compile()
 
     def __call__(
@@ -244,6 +250,7 @@ class Sampler:
         temperature: float | jax.Array = 1.0,
         top_p: float | jax.Array = 1.0,
         top_k: int | jax.Array = 0,
+        keep_groups: int = 0,
     ) -> SampleOutput:
         """Samples up to `max_new_tokens` tokens for each rollout.
 
@@ -253,6 +260,9 @@ class Sampler:
             prefill); None: one rollout per prompt. With a plan: this process's prompts and
             rollouts, indices into its own prompts (every process passes as many).
         temperature <= 0 is greedy; top_k <= 0 and top_p >= 1 disable those filters.
+        keep_groups > 0 (tail batching): stop as soon as every process has that many groups (the
+            rollouts of one prompt) whose rollouts have all finished; the others come back cut
+            (`SampleOutput.cut_b`). One more program per value (0: decode every rollout).
         """
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens}; must be >= 1")
@@ -311,6 +321,7 @@ class Sampler:
             _setting(top_k, np.int32),
             max_new_tokens,
             self.slots_for(int(index_r.shape[0])),
+            int(keep_groups),
         )
 
     def to_host(self, out: SampleOutput) -> SampleOutput:
@@ -354,6 +365,7 @@ class Sampler:
         top_k,
         max_new_tokens,
         num_slots,
+        keep_groups,
     ):
         if self._decode_shardings is not None:
             # FSDP: gather the weights (in the compute dtype, which every use casts them to)
@@ -372,6 +384,26 @@ class Sampler:
         rungs = row_rungs(num_slots, self.row_buckets, self.shards)
         refill_width = max(1, -(-num_slots // REFILL_SHARE))
         eos_e = jnp.asarray(self.eos_ids, jnp.int32).reshape(-1)
+        # The exit test of keep_groups: every process's prompts (its part of the prompt table)
+        # have keep_groups groups whose rollouts are all done.
+        parts = jax.process_count() if self.plan is not None else 1
+        part_g = jnp.arange(num_prompts) // (num_prompts // parts)
+        size_g = jax.ops.segment_sum(jnp.ones((n,), jnp.int32), prompt_index_r, num_prompts)
+        quota = jnp.minimum(
+            keep_groups, jax.ops.segment_sum((size_g > 0).astype(jnp.int32), part_g, parts)
+        )
+
+        def count_done(run: _Run, done_b, rollout_b) -> _Run:
+            """run with the rollouts ``rollout_b`` where ``done_b`` counted as done."""
+            if not keep_groups:
+                return run
+            prompt_b = prompt_index_r[jnp.minimum(rollout_b, n - 1)]
+            done = jax.ops.segment_sum(done_b.astype(jnp.int32), prompt_b, num_prompts)
+            return run._replace(done_g=run.done_g + done)
+
+        def enough(run: _Run):
+            whole_g = (run.done_g == size_g) & (size_g > 0)
+            return jnp.all(jax.ops.segment_sum(whole_g.astype(jnp.int32), part_g, parts) >= quota)
 
         def is_eos(token_b):
             return jnp.any(token_b[:, None] == eos_e[None, :], axis=-1)
@@ -433,6 +465,7 @@ class Sampler:
                 logprobs_sl=jnp.where(first_l[None, :], logprob_j[:, None], 0.0),
             )
             slots = jax.tree.map(lambda x, y: x.at[s_j].set(y, mode="drop"), run.slots, new)
+            run = count_done(run, valid_j & ~new.live_s, rollout_j)
             return cache, run._replace(slots=slots)
 
         def refill(cache: KVCache, run: _Run):
@@ -462,9 +495,13 @@ class Sampler:
             lockstep)."""
             if lockstep:
                 age = run.steps + 1
-                return jnp.where(age < length, n, 0), jnp.where(age > cap, n, 0)
-            counts = jnp.stack([slots.live_s, slots.live_s & (slots.age_s > cap)], axis=-1)
-            return tuple(jnp.sum(counts.astype(jnp.int32), axis=0))
+                live, over = jnp.where(age < length, n, 0), jnp.where(age > cap, n, 0)
+            else:
+                counts = jnp.stack([slots.live_s, slots.live_s & (slots.age_s > cap)], axis=-1)
+                live, over = jnp.sum(counts.astype(jnp.int32), axis=0)
+            if keep_groups:  # stopped by the exit test: every stage sees no row running
+                live = jnp.where(enough(run), 0, live)
+            return live, over
 
         def iterate(cache: KVCache, slots: _Slots, run: _Run, cap: int):
             """One decode iteration of the rows in `slots` (a rung); run's counters updated."""
@@ -490,6 +527,7 @@ class Sampler:
                 logprobs_sl=jnp.where(write_bl, logprob_b[:, None], slots.logprobs_sl),
             )
             run = run._replace(steps=run.steps + 1, rows=run.rows + live_b.shape[0])
+            run = count_done(run, live_b & ~slots.live_s, slots.rollout_s)
             return cache, slots, run
 
         def iterations(cache, slots, run, cap, more, refilling):
@@ -598,6 +636,7 @@ class Sampler:
             waiting=jnp.asarray(num_slots, jnp.int32),
             steps=jnp.zeros((), jnp.int32),
             rows=jnp.zeros((), jnp.int32),
+            done_g=jnp.zeros((num_prompts,), jnp.int32),
         )
         cache = self.empty_cache(num_slots, prompt_len + caps_p[0])
         first_s = jnp.arange(num_slots, dtype=jnp.int32)  # slot s takes rollout s
@@ -613,8 +652,9 @@ class Sampler:
             num_decode_steps=final.steps,
             rows_decoded=final.rows,
             # a rollout of length l is decoded while running in l - 1 iterations
-            live_rows_decoded=jnp.sum(final.lengths_n) - n,
+            live_rows_decoded=jnp.sum(jnp.maximum(final.lengths_n - 1, 0)),
             prefill_rows=jnp.asarray(num_prompts, jnp.int32),
+            cut_b=~(final.ended_n | (final.lengths_n >= length)),
         )
 
 

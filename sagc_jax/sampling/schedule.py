@@ -96,6 +96,32 @@ def start_times(lengths_r, slots: int) -> np.ndarray:
     return list_schedule(np.asarray(lengths_r, np.int64) - 1, slots)
 
 
+def group_stop(
+    lengths_r, group_r, keep_groups: int, *, slots: int = 0, part_g=None
+) -> tuple[int, np.ndarray]:
+    """``(stop_k, done_r)``: the sampler's exit test with ``keep_groups`` > 0 (tail batching).
+
+    Rollouts of ``lengths_r`` [N] (the lengths they would reach), rollout r in group
+    ``group_r[r]`` (int [N], groups 0..num_groups-1), through ``slots`` slots (0: all N). A
+    rollout started at the end of iteration s (`start_times`) with length l is done at the end of
+    iteration s + l - 1. ``stop_k`` is the first iteration at whose end every part (``part_g``
+    int [num_groups]: each group's process; default one part) has ``keep_groups`` groups whose
+    rollouts are all done (0: before any decode iteration; the last iteration if a part has
+    fewer groups); ``done_r`` bool [N]: the rollouts done by then."""
+    lengths_r = np.asarray(lengths_r, np.int64).ravel()
+    group_r = np.asarray(group_r, np.int64).ravel()
+    num_groups = int(group_r.max()) + 1
+    part_g = np.zeros(num_groups, np.int64) if part_g is None else np.asarray(part_g, np.int64)
+    ends_r = start_times(lengths_r, min(slots or lengths_r.size, lengths_r.size)) + lengths_r - 1
+    done_g = np.full(num_groups, -1, np.int64)
+    np.maximum.at(done_g, group_r, ends_r)  # the iteration that ends each group
+    stop_k = 0
+    for part in np.unique(part_g):
+        ends = np.sort(done_g[part_g == part])
+        stop_k = max(stop_k, int(ends[min(keep_groups, ends.size) - 1]))
+    return stop_k, ends_r <= stop_k
+
+
 class Schedule(NamedTuple):
     """Per decode iteration k = 1..K of a step (numpy arrays of K values).
 
@@ -132,11 +158,13 @@ def simulate(
     row_buckets: int = 1,
     shards: int = 1,
     prompt_tokens_r=0,
+    stop_at: int | None = None,
 ) -> Schedule:
     """The sampler's decode iterations for rollouts of ``lengths_r`` [N] (in rollout order,
     each in [1, max_new_tokens]) through ``slots`` slots (0: all N), cache phases of ``chunk``
     slots (`phase_slots`) and ``row_buckets`` rungs (`row_rungs`). ``prompt_tokens_r``: an int
-    or [N], only summed into ``prompt_sum_k``."""
+    or [N], only summed into ``prompt_sum_k``. ``stop_at``: the iterations up to that one (the
+    step cut by the exit test of `group_stop`; rows, rungs and phases before it are unchanged)."""
     lengths_r = np.asarray(lengths_r, np.int64).ravel()
     n = lengths_r.size
     if n == 0 or lengths_r.min() < 1 or lengths_r.max() > max_new_tokens:
@@ -187,5 +215,5 @@ def simulate(
     phase_k = np.where(tail_k, len(caps_p) - 1, np.minimum(phase_k, len(caps_p) - 1))
     rows_k = np.concatenate([[0], rows_k])
     phase_k = np.concatenate([[0], phase_k])
-    sl = slice(1, last + 1)
+    sl = slice(1, last + 1 if stop_at is None else min(last, stop_at) + 1)
     return Schedule(rows_k[sl], live_k[sl], phase_k[sl], age_sum_k[sl], prompt_sum_k[sl])
