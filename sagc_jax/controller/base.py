@@ -8,6 +8,9 @@ from typing import Any
 import numpy as np
 
 from sagc_jax.controller.observation import (
+    CENSORED_KEYS,
+    censored_observation,
+    check_finished,
     check_lengths,
     group_ratios,
     observation_from_ratios,
@@ -23,6 +26,11 @@ class GroupController(abc.ABC):
         G = controller.propose()          # same value until observe() is called
         ... generate prompts_per_step x G rollouts ...
         metrics = controller.observe(lengths_pg)   # [num_groups, G] response lengths
+
+    A step cut before every rollout finished (tail batching) passes ``finished_pg`` (bool
+    ``[num_groups, G]``): where it is False the length is a lower bound. A cut group is a certain
+    straggler when its ratio's lower bound exceeds tau, otherwise unknown and counted with its
+    estimated probability of straggling (``observation.censored_straggle``), never as safe.
 
     Every controller measures stragglers the same way (``tau``, ``scope``) so that baselines and
     SAGC report comparable straggler rates. A controller with ``prompt_aware = True`` (the
@@ -48,9 +56,12 @@ class GroupController(abc.ABC):
         """The G of the next step (called once per step)."""
 
     @abc.abstractmethod
-    def _learn(self, group_size: int, s_t: float, lengths_pg: np.ndarray) -> dict[str, Any]:
+    def _learn(
+        self, group_size: int, s_t: float, lengths_pg: np.ndarray, finished_pg=None
+    ) -> dict[str, Any]:
         """Update internal state after a step at ``group_size`` (its lengths ``[P, G]``, its
-        observation ``s_t``); return extra metrics."""
+        observation ``s_t``, ``finished_pg`` bool ``[P, G]`` of a cut step or None); return extra
+        metrics."""
 
     def propose(self) -> int:
         """The G for the next step; repeated calls before :meth:`observe` return the same G."""
@@ -58,20 +69,30 @@ class GroupController(abc.ABC):
             self._pending = int(self._decide())
         return self._pending
 
-    def observe(self, lengths_pg) -> dict[str, Any]:
+    def observe(self, lengths_pg, finished_pg=None) -> dict[str, Any]:
         """Record the step that used the proposed G and return its metrics.
 
-        ``lengths_pg``: integer array ``[num_groups, G]`` of response lengths. Raises
-        RuntimeError if nothing was proposed, ValueError if the group size is not the proposed G.
+        ``lengths_pg``: integer array ``[num_groups, G]`` of response lengths. ``finished_pg``:
+        bool ``[num_groups, G]``, False where the step stopped the rollout first (its length is
+        the tokens it reached, a lower bound); None or all True: every length is exact. Raises
+        RuntimeError if nothing was proposed, ValueError if the group size is not the proposed G
+        or ``finished_pg`` does not match the lengths. With ``finished_pg`` given the metrics
+        add ``censored_groups``, ``censored_stragglers`` (certain) and ``censored_unknown``.
         """
         if self._pending is None:
             raise RuntimeError("observe() called before propose(); call propose() for the step")
         arr = check_lengths(lengths_pg, expected_group_size=self._pending)
+        finished = check_finished(finished_pg, arr.shape)
         g = self._pending
-        ratios_p = group_ratios(arr)
-        s_t = observation_from_ratios(arr, ratios_p, self.tau, self.scope)
-        extra = self._learn(g, s_t, arr)
-        return self._finish(g, s_t, arr.ravel(), ratios_p, extra)
+        if finished is None:
+            ratios_p = group_ratios(arr)
+            s_t = observation_from_ratios(arr, ratios_p, self.tau, self.scope)
+            counts = {} if finished_pg is None else dict.fromkeys(CENSORED_KEYS, 0)
+            extra = self._learn(g, s_t, arr)
+        else:
+            s_t, ratios_p, counts = censored_observation(arr, finished, self.tau, self.scope)
+            extra = self._learn(g, s_t, arr, finished)
+        return self._finish(g, s_t, arr.ravel(), ratios_p, {**counts, **extra})
 
     def _finish(
         self,

@@ -19,5 +19,7 @@ class FixedGroupController(GroupController):
     def _decide(self) -> int:
         return self.group_size
 
-    def _learn(self, group_size: int, s_t: float, lengths_pg=None) -> dict[str, Any]:
+    def _learn(
+        self, group_size: int, s_t: float, lengths_pg=None, finished_pg=None
+    ) -> dict[str, Any]:
         return {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 SCOPES = ("group", "batch")
+CENSORED_KEYS = ("censored_groups", "censored_stragglers", "censored_unknown")
 
 
 def check_lengths(lengths_pg, expected_group_size: int | None = None) -> np.ndarray:
@@ -133,3 +134,104 @@ def padding_waste(lengths_pg: np.ndarray) -> float:
     if longest == 0:
         return 0.0
     return float(1.0 - lengths_pg.sum() / (lengths_pg.size * longest))
+
+
+# ---------------------------------------------------------------------- censored groups
+
+
+def check_finished(finished_pg, shape: tuple[int, ...]) -> np.ndarray | None:
+    """``finished_pg`` as a bool array of ``shape``, or None when it is None or all True (the
+    step was not cut: read it as today). Raises ValueError on another shape or dtype."""
+    if finished_pg is None:
+        return None
+    arr = np.asarray(finished_pg)
+    if arr.shape != tuple(shape) or arr.dtype != np.bool_:
+        raise ValueError(
+            f"finished must be a bool array of the lengths' shape {tuple(shape)}, got "
+            f"{arr.dtype} {arr.shape}"
+        )
+    return None if arr.all() else arr
+
+
+def _survival(x_n: np.ndarray, event_n: np.ndarray):
+    """Kaplan-Meier survival ``S(x) = P(X > x)`` of right-censored values ``x_n`` (``event_n``
+    True: observed; False: known only to exceed ``x_n``); returns ``(S, n)``, ``S`` a function
+    of an array of points, ``n`` the values fitted (S is 1 everywhere when n = 0)."""
+    order = np.lexsort((~event_n, x_n))  # at ties, events before censorings
+    xs, events = x_n[order], event_n[order]
+    at_risk = xs.size - np.arange(xs.size)
+    surv = np.cumprod(np.where(events, 1.0 - 1.0 / np.maximum(at_risk, 1), 1.0))
+
+    def survival(points) -> np.ndarray:
+        i = np.searchsorted(xs, points, side="right")
+        return np.where(i == 0, 1.0, surv[np.maximum(i - 1, 0)])
+
+    return survival, xs.size
+
+
+def censored_straggle(lengths_pg: np.ndarray, finished_pg: np.ndarray, tau: float):
+    """Per-group straggle of a step cut before every rollout finished.
+
+    ``lengths_pg`` int ``[P, G]``: exact where ``finished_pg`` (bool ``[P, G]``) is True, a lower
+    bound elsewhere (tokens reached; 0 if never started). Returns ``(straggle_p, ratio_p,
+    censored_p, certain_p)``: the probability in [0, 1] that each group straggles (0 or 1 for a
+    whole group, 1 for a certain straggler), the ratio's lower bound ``max / max(1, median
+    upper bound)`` (the exact ratio of a whole group; 0 when fewer than half the rollouts
+    finished: the median bound is infinite), and bool ``[P]`` masks of cut groups and of the
+    cut groups that certainly straggle (lower bound > tau).
+
+    An unknown group (cut, bound <= tau) straggles when one of its unfinished rollouts ends
+    beyond ``tau x`` its median. Lengths over the group median, ``x = L / median``, are
+    right-censored at ``reached / median``; their Kaplan-Meier survival ``S`` is fitted to every
+    rollout of the groups whose median is known exactly (whole groups, and cut groups whose
+    finished rollouts fix their median), so a rollout at ``x_r`` ends beyond ``tau`` with
+    probability ``S(tau) / S(x_r)``, at least ``1 / (n + 1)`` (n rollouts fitted; no group is
+    read as safe) and 1 when nothing was fitted. Where the median is not known its lower bound
+    (the median of the lengths reached) is used: the larger probability, the safe side.
+    """
+    g = lengths_pg.shape[1]
+    lo, hi = (g - 1) // 2, g // 2
+    reached = lengths_pg.astype(np.float64)
+    upper_pg = np.sort(np.where(finished_pg, reached, np.inf), axis=1)
+    lower_pg = np.sort(reached, axis=1)
+    med_ub = 0.5 * (upper_pg[:, lo] + upper_pg[:, hi])
+    med_lb = 0.5 * (lower_pg[:, lo] + lower_pg[:, hi])
+    ratio_p = lower_pg[:, -1] / np.maximum(1.0, med_ub)
+    censored_p = ~finished_pg.all(axis=1)
+    certain_p = censored_p & (ratio_p > tau)
+    straggle_p = (ratio_p > tau).astype(np.float64)
+    unknown_p = censored_p & ~certain_p
+    if unknown_p.any():
+        x_pg = reached / np.maximum(1.0, med_lb)[:, None]
+        exact_p = med_ub == med_lb
+        survival, n = _survival(x_pg[exact_p].ravel(), finished_pg[exact_p].ravel())
+        x_u = x_pg[unknown_p]
+        cond = survival(np.array([tau]))[0] / np.maximum(survival(x_u), 1e-300)
+        cond = np.clip(cond, 1.0 / (n + 1.0), 1.0)
+        cond = np.where(finished_pg[unknown_p], 0.0, cond)
+        straggle_p[unknown_p] = 1.0 - np.prod(1.0 - cond, axis=1)
+    return straggle_p, ratio_p, censored_p, certain_p
+
+
+def censored_observation(
+    lengths_pg: np.ndarray, finished_pg: np.ndarray, tau: float, scope: str
+) -> tuple[float, np.ndarray, dict[str, int]]:
+    """``(s_t, ratio_p, counts)`` of a cut step (see :func:`censored_straggle`): ``s_t`` the
+    expected share of straggling groups (scope ``group``) or the probability that the step's
+    rollouts, read as one group, straggle (scope ``batch``); ``ratio_p`` the groups' ratio
+    lower bounds; ``counts``: ``censored_groups``, ``censored_stragglers`` (certain) and
+    ``censored_unknown``."""
+    straggle_p, ratio_p, censored_p, certain_p = censored_straggle(lengths_pg, finished_pg, tau)
+    counts = dict(
+        zip(
+            CENSORED_KEYS,
+            (int(censored_p.sum()), int(certain_p.sum()), int((censored_p & ~certain_p).sum())),
+            strict=True,
+        )
+    )
+    if scope == "group":
+        return float(straggle_p.mean()), ratio_p, counts
+    if scope == "batch":
+        whole = censored_straggle(lengths_pg.reshape(1, -1), finished_pg.reshape(1, -1), tau)
+        return float(whole[0][0]), ratio_p, counts
+    raise ValueError(f"scope = {scope!r} is not allowed; choose one of {list(SCOPES)}")

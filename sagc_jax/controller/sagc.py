@@ -89,7 +89,9 @@ class SAGCController(GroupController):
         )
         return self.candidates[best]
 
-    def _learn(self, group_size: int | None, s_t: float, lengths_pg=None) -> dict[str, Any]:
+    def _learn(
+        self, group_size: int | None, s_t: float, lengths_pg=None, finished_pg=None
+    ) -> dict[str, Any]:
         """Decay every arm toward its prior, add ``s_t`` to the arm played (None: no arm, as
         with a fixed rollout budget) and take the dual step; the lengths are not used."""
         cfg = self.config

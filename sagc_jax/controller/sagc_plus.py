@@ -44,7 +44,7 @@ import numpy as np
 
 from sagc_jax.config import SAGCConfig, SAGCPlusConfig
 from sagc_jax.controller.base import GroupController
-from sagc_jax.controller.observation import group_ratios
+from sagc_jax.controller.observation import censored_straggle, group_ratios
 
 
 def isotonic_increasing(y_k, w_k) -> np.ndarray:
@@ -125,11 +125,15 @@ class SAGCPlusController(GroupController):
         ]
         return isotonic_increasing(mean_k, [n + m0 for n in n_k])
 
-    def trials_by_rung(self, lengths_pg: np.ndarray, s_t: float) -> tuple[np.ndarray, np.ndarray]:
+    def trials_by_rung(
+        self, lengths_pg: np.ndarray, s_t: float, finished_pg: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """``(straggled_k, trials_k)`` of one step (lengths ``[P, G]``, observation ``s_t``):
         every rung up to the played G gets one trial per group (scope ``group``; the share of
         the group's consecutive chunks of ``G_k`` rollouts that straggle) or one per step (scope
-        ``batch``); larger rungs get none. The played rung's share is ``s_t`` itself."""
+        ``batch``); larger rungs get none. The played rung's share is ``s_t`` itself. A cut
+        step (``finished_pg`` bool ``[P, G]``) reads its chunks as ``censored_straggle`` reads
+        groups: a cut chunk counts 1 if it certainly straggles, else its estimated probability."""
         num_groups, g = lengths_pg.shape
         per_step = num_groups if self.scope == "group" else 1
         straggled, trials = np.zeros(self.sizes_k.size), np.zeros(self.sizes_k.size)
@@ -140,13 +144,21 @@ class SAGCPlusController(GroupController):
             chunks = g // g_k
             if g_k == g:
                 straggled[k] = s_t * per_step
-            elif self.scope == "group":
-                sub = lengths_pg[:, : chunks * g_k].reshape(num_groups * chunks, g_k)
-                straggled[k] = np.count_nonzero(group_ratios(sub) > self.tau) / chunks
+                continue
+            if self.scope == "group":
+                shape = (num_groups * chunks, g_k)
+                sub = lengths_pg[:, : chunks * g_k].reshape(shape)
             else:  # batch: chunk c of every group together is one step of G_k
-                sub = lengths_pg[:, : chunks * g_k].reshape(num_groups, chunks, g_k)
-                flat = sub.transpose(1, 0, 2).reshape(chunks, num_groups * g_k)
-                straggled[k] = np.count_nonzero(group_ratios(flat) > self.tau) / chunks
+                shape = (num_groups, chunks, g_k)
+                sub = lengths_pg[:, : chunks * g_k].reshape(shape)
+                sub = sub.transpose(1, 0, 2).reshape(chunks, num_groups * g_k)
+            if finished_pg is None:
+                straggled[k] = np.count_nonzero(group_ratios(sub) > self.tau) / chunks
+                continue
+            done = finished_pg[:, : chunks * g_k].reshape(shape)
+            if self.scope == "batch":
+                done = done.transpose(1, 0, 2).reshape(chunks, num_groups * g_k)
+            straggled[k] = censored_straggle(sub, done, self.tau)[0].sum() / chunks
         return straggled, trials
 
     def _plan(self) -> tuple[np.ndarray, int, int, float]:
@@ -178,9 +190,11 @@ class SAGCPlusController(GroupController):
             r = hi if b > 0 else lo
         return self.candidates[r]
 
-    def _learn(self, group_size: int, s_t: float, lengths_pg: np.ndarray) -> dict[str, Any]:
+    def _learn(
+        self, group_size: int, s_t: float, lengths_pg: np.ndarray, finished_pg=None
+    ) -> dict[str, Any]:
         plus = self.plus
-        straggled, trials = self.trials_by_rung(lengths_pg, s_t)
+        straggled, trials = self.trials_by_rung(lengths_pg, s_t, finished_pg)
         self.straggled = plus.gamma * self.straggled + straggled
         self.trials = plus.gamma * self.trials + trials
         scale = np.minimum(1.0, plus.memory / np.maximum(self.trials, 1e-12))
