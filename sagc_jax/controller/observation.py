@@ -163,6 +163,8 @@ def _survival(x_n: np.ndarray, event_n: np.ndarray):
     surv = np.cumprod(np.where(events, 1.0 - 1.0 / np.maximum(at_risk, 1), 1.0))
 
     def survival(points) -> np.ndarray:
+        if xs.size == 0:
+            return np.ones(np.shape(points))
         i = np.searchsorted(xs, points, side="right")
         return np.where(i == 0, 1.0, surv[np.maximum(i - 1, 0)])
 
