@@ -67,19 +67,28 @@ class PromptSource:
         may use the step, e.g. for a curriculum; the prompt stays a function of both)."""
         raise NotImplementedError
 
-    def _first_position(self, step: int, round_: int, num_prompts: int) -> int:
-        """Position of this shard's first prompt: its slice of the global batch."""
-        local = num_prompts // self.num_shards
-        return (step * self.rounds_per_step + round_) * num_prompts + self.shard_index * local
+    def _shard_start(self, first: int, num_prompts: int) -> int:
+        """This shard's first position of the global positions [first, first + num_prompts):
+        its slice of them."""
+        return first + self.shard_index * (num_prompts // self.num_shards)
+
+    def positions(self, first: int, num_prompts: int) -> list[int]:
+        """This shard's positions among the global data positions [first, first + num_prompts)
+        (``num_prompts`` counts every shard's)."""
+        if num_prompts % self.num_shards:
+            raise ValueError(f"{num_prompts} prompts cannot be split into {self.num_shards} shards")
+        start = self._shard_start(first, num_prompts)
+        return list(range(start, start + num_prompts // self.num_shards))
+
+    def prompt_at(self, position: int, step: int) -> Prompt:
+        """The training prompt of this shard at ``position``, drawn for step ``step``."""
+        return self._train_prompt(position, step)
 
     def batch(self, step: int, round_: int, num_prompts: int) -> list[Prompt]:
         """This shard's ``num_prompts / num_shards`` prompts of rollout round ``round_`` of step
         ``step`` (rounds > 0: dynamic sampling); ``num_prompts`` counts every shard's."""
-        if num_prompts % self.num_shards:
-            raise ValueError(f"{num_prompts} prompts cannot be split into {self.num_shards} shards")
-        start = self._first_position(step, round_, num_prompts)
-        count = num_prompts // self.num_shards
-        return [self._train_prompt(start + i, step) for i in range(count)]
+        first = (step * self.rounds_per_step + round_) * num_prompts
+        return [self._train_prompt(i, step) for i in self.positions(first, num_prompts)]
 
     def heldout(self, num: int) -> list[Prompt]:
         raise NotImplementedError
@@ -199,8 +208,8 @@ class DatasetSource(PromptSource):
                 log(note)
         self._keep_run_settings(cfg, "math", rounds_per_step, shard_index, num_shards)
 
-    def _first_position(self, step: int, round_: int, num_prompts: int) -> int:
-        return (step * self.rounds_per_step + round_) * (num_prompts // self.num_shards)
+    def _shard_start(self, first: int, num_prompts: int) -> int:
+        return first // self.num_shards  # each shard walks through its own rows
 
     def _train_prompt(self, position: int, step: int) -> Prompt:
         del step  # rows are reshuffled by epoch; no curriculum

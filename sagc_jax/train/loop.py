@@ -67,6 +67,7 @@ from sagc_jax.train.shapes import (
     rollout_shapes,
     update_settings,
 )
+from sagc_jax.train.tail import TailBatcher
 
 # The hybrid controller's per-prompt table: its state keys whose arrays (one row per prompt) are
 # saved as an Orbax item padded to controller.hybrid.capacity rows, not in the JSON meta.
@@ -127,6 +128,11 @@ class Trainer:
         self.tokenizer = self.source.tokenizer
         self.data_identity = data_identity(cfg)  # checkpoints record it; a resume compares it
         self.controller = make_controller(cfg.controller)
+        self.tail = None  # on-policy tail batching: its deferred queue and data cursor
+        if cfg.tail_batching.enabled:
+            self.tail = TailBatcher(
+                cfg.tail_batching, cfg.train.prompts_per_step, jax.process_count()
+            )
         check_batch_shapes(
             cfg, self.controller.candidates, self.plan.batch_shards, jax.process_count()
         )
@@ -260,6 +266,8 @@ class Trainer:
         rows = int(state.get(f"{PROMPT_TABLE}size", 0))
         state.update({k: np.asarray(v)[:rows] for k, v in items.get("prompt_table", {}).items()})
         self.controller.load_state_dict(state)
+        if self.tail is not None:
+            self.tail.load_state_dict(meta["tail_batching"], jax.process_index())
         self.step = int(meta["step"])
         self.last_eval = meta.get("last_eval", {})
 
@@ -332,6 +340,10 @@ class Trainer:
         }
         if self.base is not None:  # the weights under the adapters are not saved: named here
             meta["base"] = self.base_identity
+        if self.tail is not None:  # every process's queue (a collective)
+            queue = self.tail.queue_array()  # as long on every process
+            queues = gather_rows(queue) if len(queue) else queue
+            meta["tail_batching"] = self.tail.state_dict(queues)
         items = {"params": self.params, "opt_state": self.opt_state}
         if table:
             items["prompt_table"] = table
@@ -375,6 +387,20 @@ class Trainer:
             )
             t2 = time.perf_counter()
             log(f"compiled {label} ({n} rollouts): rollout {t1 - t0:.1f} s, update {t2 - t1:.1f} s")
+        if self.tail is not None:  # a tail step's rollout: more prompts, the exit test
+            started = (self.tail.local + self.tail.extra) * jax.process_count()
+            for g in self.controller.candidates:
+                t0 = time.perf_counter()
+                self.sampler.compile(
+                    self.sampling_params(),
+                    started * g,
+                    bucket,
+                    max_new_tokens=new,
+                    prompts=started,
+                    keep_groups=self.tail.local,
+                )
+                seconds = time.perf_counter() - t0
+                log(f"compiled tail step G={g} ({started * g} rollouts): rollout {seconds:.1f} s")
 
     # ------------------------------------------------------------------ one step
 
@@ -406,6 +432,28 @@ class Trainer:
             )
         local_prompts = num_prompts // jax.process_count()  # this process's groups
         params = self.sampling_params()
+        if self.tail is not None:  # one round: the first whole groups (or a long round's all)
+            round_ = self.tail.next_round(self.source, self.step)
+            r = generate(
+                self.sampler,
+                params,
+                self.source,
+                round_.prompts,
+                sizes,
+                key,
+                keep_groups=round_.keep_groups,
+                **kwargs,
+            )
+            kept = self.tail.settle(round_, r.cut_p, self.step)
+            self.tail_step = {
+                "tail/long_round": int(round_.long),
+                "tail/prompts_started": len(round_.prompts) * jax.process_count(),
+                "tail/deferred": (len(round_.prompts) - len(kept)) * jax.process_count(),
+                "tail/waited_max": int(
+                    gather_rows(np.array([self.tail.waits(round_, self.step)])).max()
+                ),
+            }
+            return r.select_groups(kept), [r], 1
         rounds = []
         kept: list[Rollouts] = []
         kept_groups = 0
@@ -557,7 +605,12 @@ class Trainer:
         lengths = gather_rows(every.lengths)
         sizes_p = gather_rows(every.group_sizes)
         if not self.controller.prompt_aware:
-            return self.controller.observe(lengths.reshape(len(sizes_p), -1)), lengths
+            lengths_pg = lengths.reshape(len(sizes_p), -1)
+            if every.cut is None:
+                return self.controller.observe(lengths_pg), lengths
+            # tail batching: a cut rollout's length is a lower bound
+            finished_pg = ~gather_rows(every.cut).reshape(lengths_pg.shape)
+            return self.controller.observe(lengths_pg, finished_pg=finished_pg), lengths
         ids_p = gather_rows(np.array([p.id for p in every.prompts], np.int64))
         ctrl = self.controller.observe(
             lengths, group_sizes=sizes_p, prompt_ids=ids_p, rewards=gather_rows(every.rewards)
@@ -650,6 +703,13 @@ class Trainer:
             record["controller/predicted_s_t"] = ctrl.get("predicted_s_t", math.nan)
             record["controller/calibration_ece"] = calibration["ece"]
             record["controller/calibration_brier"] = calibration["brier"]
+        if self.tail is not None:
+            record.update(self.tail_step)
+            record["tail/queue"] = len(self.tail.queue) * jax.process_count()
+            record["tail/queue_oldest"] = self.tail.oldest(self.step)
+            record["tail/long_rounds"] = self.tail.long_rounds
+            record["tail/censored_groups"] = ctrl.get("censored_groups", 0)
+            record["tail/censored_stragglers"] = ctrl.get("censored_stragglers", 0)
         if upd.get("skipped", 0) > 0:
             record["warning"] = "non-finite loss or gradient: update skipped"
         return record

@@ -37,6 +37,15 @@ class Rollouts:
     decode_steps: int = 0
     rows_decoded: int = 0  # rows of the decode iterations, summed (all processes')
     live_rows_decoded: int = 0  # of those, rows still running
+    cut: np.ndarray | None = None  # bool [N]: stopped by tail batching's exit test (None: none)
+
+    @property
+    def cut_p(self) -> np.ndarray:
+        """bool [P]: groups with a rollout the exit test stopped (their lengths are lower
+        bounds)."""
+        if self.cut is None:
+            return np.zeros(len(self.group_sizes), bool)
+        return np.logical_or.reduceat(self.cut, np.cumsum(self.group_sizes) - self.group_sizes)
 
     @property
     def group_ids(self) -> np.ndarray:
@@ -65,6 +74,7 @@ class Rollouts:
             rewards=self.rewards[rows],
             failed_rows=(),
             timed_out_rows=(),
+            cut=None if self.cut is None else self.cut[rows],
         )
 
     @staticmethod
@@ -90,7 +100,13 @@ class Rollouts:
             decode_steps=sum(p.decode_steps for p in parts),
             rows_decoded=sum(p.rows_decoded for p in parts),
             live_rows_decoded=sum(p.live_rows_decoded for p in parts),
+            cut=None if all(p.cut is None for p in parts) else cat("cut_rows"),
         )
+
+    @property
+    def cut_rows(self) -> np.ndarray:
+        """bool [N]: ``cut``, all False where None."""
+        return np.zeros(len(self.lengths), bool) if self.cut is None else self.cut
 
 
 def generate(
@@ -108,12 +124,14 @@ def generate(
     buckets: tuple[int, ...],
     reward_on_error: str = "raise",
     min_length: int = 0,
+    keep_groups: int = 0,
 ) -> Rollouts:
     """Sample ``group_sizes`` completions of every prompt (one G for all, or int [P] sizes)
     and score them with the source's reward.
 
     Prompts are padded to the bucket of the longest prompt of every process (the processes'
-    rows form one global batch of one width), or of ``min_length`` if longer.
+    rows form one global batch of one width), or of ``min_length`` if longer. ``keep_groups``:
+    the sampler's exit test (tail batching; ``Rollouts.cut`` then says which rows it stopped).
     """
     encoded = [source.encode(p) for p in prompts]
     longest = int(gather_rows(np.array([max(min_length, *map(len, encoded))])).max())
@@ -130,6 +148,7 @@ def generate(
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
+        keep_groups=keep_groups,
     )
     out = sampler.to_host(out)  # this process's rows
     completion = np.asarray(out.tokens_bt)
@@ -160,4 +179,5 @@ def generate(
         decode_steps=int(out.num_decode_steps),
         rows_decoded=int(out.rows_decoded),
         live_rows_decoded=int(out.live_rows_decoded),
+        cut=np.asarray(out.cut_b) if keep_groups else None,
     )

@@ -1,0 +1,135 @@
+"""On-policy tail batching (``tail_batching``; docs/controller.md, "Tail batching"): which prompts
+a step starts, which of its groups it trains, and the queue of the prompts it cut.
+
+A tail step starts groups for ``P + extra`` prompts at the controller's G (each process its
+share, every process the same number) and the sampler stops as soon as every process has ``P``
+groups whose rollouts have all finished (``Sampler(keep_groups=)``). Each process trains its
+first ``P`` whole groups, in data order; its other prompts, cut or surplus, join the back of its
+deferred queue. A long round trains the ``P`` oldest deferred prompts (fresh ones fill it when
+fewer wait) and waits for all of its groups: it runs when a whole step's prompts wait, or every
+``long_round_every`` steps when any wait. Fresh prompts come from a data cursor (the global
+position of the next one), so every prompt of the data order is started once and trained once:
+in its tail step, or later in a long round. Every process defers as many prompts per step as
+the others, so the queues stay the same length and the processes agree on which kind of step
+comes next. The queue and the cursor are part of the checkpoint (:meth:`TailBatcher.state_dict`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from sagc_jax.config import TailBatchingConfig
+from sagc_jax.tasks.source import Prompt, PromptSource
+
+
+@dataclasses.dataclass(frozen=True)
+class Deferred:
+    """A prompt waiting for a long round: its shard position, the step it was drawn for (its
+    prompt is a function of both) and the step that cut it."""
+
+    position: int
+    drawn: int
+    since: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TailRound:
+    """What a step samples: this process's prompts, their entries, and the sampler's exit test
+    (``keep_groups`` whole groups per process; 0: wait for every group, a long round)."""
+
+    prompts: list[Prompt]
+    entries: list[Deferred]  # one per prompt (``since`` = the step for a fresh prompt)
+    keep_groups: int
+
+    @property
+    def long(self) -> bool:
+        return self.keep_groups == 0
+
+
+class TailBatcher:
+    """The deferred queue and data cursor of one process (see the module docstring)."""
+
+    def __init__(self, cfg: TailBatchingConfig, prompts_per_step: int, processes: int):
+        self.cfg = cfg
+        self.local = prompts_per_step // processes  # groups a step trains on this process
+        self.extra = math.ceil(cfg.extra * prompts_per_step / processes)  # started beyond them
+        self.processes = processes
+        self.cursor = 0  # global data position of the next fresh prompt
+        self.queue: list[Deferred] = []  # this process's, oldest first
+        self.long_rounds = 0
+
+    def _fresh(self, source: PromptSource, count: int, step: int) -> list[Deferred]:
+        """``count`` fresh prompts per process from the cursor (advanced)."""
+        positions = source.positions(self.cursor, count * self.processes)
+        self.cursor += count * self.processes
+        return [Deferred(p, step, step) for p in positions]
+
+    def next_round(self, source: PromptSource, step: int) -> TailRound:
+        """The round step ``step`` samples (advances the cursor, takes from the queue)."""
+        every = self.cfg.long_round_every
+        long = len(self.queue) >= self.local or (every and self.queue and step % every == 0)
+        if long:
+            entries, self.queue = self.queue[: self.local], self.queue[self.local :]
+            entries += self._fresh(source, self.local - len(entries), step)
+            keep = 0
+        else:
+            entries, keep = self._fresh(source, self.local + self.extra, step), self.local
+        prompts = [source.prompt_at(e.position, e.drawn) for e in entries]
+        return TailRound(prompts, entries, keep)
+
+    def settle(self, round_: TailRound, cut_p: np.ndarray, step: int) -> np.ndarray:
+        """The groups (int64 indices into the round's prompts) the step trains, given which
+        groups were cut (bool [prompts], this process's); the others join the queue."""
+        if round_.long:
+            self.long_rounds += 1
+            if cut_p.any():
+                raise RuntimeError(f"step {step}: a long round came back with cut groups")
+            return np.arange(len(round_.entries), dtype=np.int64)
+        whole = np.flatnonzero(~np.asarray(cut_p, bool))
+        if whole.size < self.local:
+            raise RuntimeError(
+                f"step {step}: {whole.size} whole groups on this process, the sampler's exit "
+                f"test promised {self.local}"
+            )
+        kept = whole[: self.local]
+        deferred = np.setdiff1d(np.arange(len(round_.entries)), kept)
+        self.queue += [dataclasses.replace(round_.entries[i], since=step) for i in deferred]
+        return kept
+
+    def waits(self, round_: TailRound, step: int) -> int:
+        """Steps the longest-waiting prompt of a round waited since it was cut (0: none)."""
+        return max((step - e.since for e in round_.entries), default=0)
+
+    def oldest(self, step: int) -> int:
+        """Steps the oldest queued prompt has waited (0: the queue is empty)."""
+        return step - self.queue[0].since if self.queue else 0
+
+    # ------------------------------------------------------------------ state
+
+    def queue_array(self) -> np.ndarray:
+        """This process's queue as int64 [Q, 3] (position, drawn, since)."""
+        return np.array([dataclasses.astuple(e) for e in self.queue], np.int64).reshape(-1, 3)
+
+    def state_dict(self, queues: np.ndarray) -> dict[str, Any]:
+        """JSON-able state, given every process's queue (int64 [processes x Q, 3], process by
+        process: ``gather_rows`` of :meth:`queue_array`)."""
+        return {
+            "cursor": self.cursor,
+            "long_rounds": self.long_rounds,
+            "queues": np.asarray(queues, np.int64).reshape(self.processes, -1, 3).tolist(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any], process: int) -> None:
+        queues = state["queues"]
+        if len(queues) != self.processes:
+            raise ValueError(
+                f"the checkpoint's deferred queues are of {len(queues)} processes; this run has "
+                f"{self.processes}: resume it with {len(queues)}"
+            )
+        self.cursor = int(state["cursor"])
+        self.long_rounds = int(state["long_rounds"])
+        self.queue = [Deferred(*map(int, e)) for e in queues[process]]
