@@ -40,6 +40,16 @@ def _columns(timed: str, reference: str) -> tuple:
     )
 
 
+# tail-batched runs (runner.tail_summary); their straggler rate is the true one of the groups
+# started, the controller's reading beside it
+TAIL_COLUMNS = [
+    ("read_straggler_rate", "straggler rate read (censored)", "{:.3f}"),
+    ("deferred_share", "prompts deferred", "{:.3f}"),
+    ("longest_deferral", "longest deferral (steps)", "{:d}"),
+    ("long_rounds", "long rounds", "{:d}"),
+    ("queue_left", "waiting at the end", "{:d}"),
+]
+
 # lambda of the plots: the paper's SAGC logs its multiplier, SAGC+ its linear program's price
 PRICE_TITLE = "Straggler price (sagc: multiplier; sagc_plus: LP)"
 REFERENCE = "fixed:16"
@@ -71,6 +81,8 @@ def format_table(
     cols = list(_columns(timed, reference)) + (
         [("bootstrapped_steps", "bootstrapped steps", "{:d}")] if bootstrapped else []
     )
+    if rows and "deferred_share" in rows[0]:
+        cols += TAIL_COLUMNS
     lines = [
         "| " + " | ".join(title for _, title, _ in cols) + " |",
         "|" + "|".join(" --- " for _ in cols) + "|",

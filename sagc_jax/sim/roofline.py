@@ -229,8 +229,43 @@ def prompt_rows(shape, group_sizes=None) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(sizes_p)[:-1]]).astype(np.int64)
 
 
-def _compacting(costs, hw, lengths, prompts, devices, eff, slots, max_new_tokens, chunk, buckets):
-    """The decode of the ``compacting`` regime: ``(seconds, limit, Schedule)``."""
+def group_rows(shape, group_sizes=None) -> np.ndarray:
+    """int64 [B]: each row's prompt group (``prompt_rows``'s groups, row-major)."""
+    first_p = prompt_rows(shape, group_sizes)
+    sizes_p = np.diff(np.append(first_p, int(np.prod(shape))))
+    return np.repeat(np.arange(first_p.size, dtype=np.int64), sizes_p)
+
+
+def cut_step(lengths, groups_r, keep_groups: int, slots: int = 0):
+    """A tail-batched step of rollouts ``lengths`` [B] (the lengths they would reach; groups
+    ``groups_r`` int [B], started in row order through ``slots`` slots, 0: all), stopped at
+    ``schedule.group_stop`` with ``keep_groups``: ``(stop_k, reached_r, done_r, kept_g)``:
+    the stop iteration, the tokens each rollout has then (its length if done, else what it
+    reached, 0 if never started), which are done, and bool [num_groups] the groups kept: the
+    first ``keep_groups`` to be whole (by the iteration that ends them, then group order)."""
+    lengths = np.asarray(lengths, np.int64).ravel()
+    groups_r = np.asarray(groups_r, np.int64).ravel()
+    slots = min(slots or lengths.size, lengths.size)
+    stop_k, done_r = schedule.group_stop(lengths, groups_r, keep_groups, slots=slots)
+    start_r = schedule.start_times(lengths, slots)
+    reached_r = np.where(done_r, lengths, np.clip(stop_k - start_r + 1, 0, lengths))
+    end_g = np.zeros(int(groups_r.max()) + 1, np.int64)
+    np.maximum.at(end_g, groups_r, start_r + lengths - 1)
+    kept_g = np.zeros(end_g.size, bool)
+    kept_g[np.argsort(end_g, kind="stable")[:keep_groups]] = True
+    return stop_k, reached_r, done_r, kept_g
+
+
+def reached_lengths(lengths, groups_r, keep_groups: int, slots: int = 0) -> np.ndarray:
+    """int64 [B]: ``cut_step``'s tokens reached by each rollout."""
+    return cut_step(lengths, groups_r, keep_groups, slots)[1]
+
+
+def _compacting(
+    costs, hw, lengths, prompts, devices, eff, slots, max_new_tokens, chunk, buckets, stop=None
+):
+    """The decode of the ``compacting`` regime: ``(seconds, limit, Schedule)``; ``stop``:
+    ``(groups_r, keep_groups)`` of a tail-batched step, cut at ``schedule.group_stop``."""
     lengths = np.maximum(lengths, 1)  # a completion has at least its first token
     cap = int(lengths.max()) if max_new_tokens is None else int(max_new_tokens)
     if lengths.max() > cap:
@@ -239,6 +274,9 @@ def _compacting(costs, hw, lengths, prompts, devices, eff, slots, max_new_tokens
             f"max_new_tokens = {cap}; pass the sampler's cap (or None: the longest)"
         )
     rows = min(slots or lengths.size, lengths.size)
+    stop_at = None
+    if stop is not None:
+        stop_at, _ = schedule.group_stop(lengths, stop[0], stop[1], slots=rows)
     plan = schedule.simulate(
         lengths,
         cap,
@@ -247,6 +285,7 @@ def _compacting(costs, hw, lengths, prompts, devices, eff, slots, max_new_tokens
         row_buckets=buckets,
         shards=math.gcd(rows, devices),  # the sampler needs slots a multiple of the shards
         prompt_tokens_r=prompts,
+        stop_at=stop_at,
     )
     # the finished rows that fill a row count cost the running rows' mean context
     context_k = plan.rows_k / np.maximum(plan.live_k, 1) * (plan.prompt_sum_k + plan.age_sum_k)
@@ -268,6 +307,8 @@ def rollout_seconds(
     chunk: int = 0,
     row_buckets: int = 1,
     group_sizes=None,
+    keep_groups: int | None = None,
+    groups_r=None,
 ) -> dict:
     """Seconds of one step's rollouts: ``lengths`` are the completions' lengths (``[B]`` or
     ``[P, G]``, read row-major), ``prompt_tokens`` their prompt lengths (one int, or ``[B]``).
@@ -285,6 +326,12 @@ def rollout_seconds(
     ``max_new_tokens`` (None: the longest); iteration k decodes ``rows_k`` rows whose contexts
     sum to ``rows_k / live_k x`` the running rows' (prompt + age) tokens.
 
+    Tail batching: ``keep_groups`` (None: off) ends the step once that many prompt groups
+    (``groups_r`` int [B], each row's group; None: from the shape and ``group_sizes``) have all
+    their rollouts done, at ``schedule.group_stop``'s iteration: ``compacting`` replays the
+    sampler's iterations up to it; the other regimes time the tokens each rollout reached by
+    the same exit test (``reached_lengths``; a rollout never started costs nothing).
+
     Returns seconds, prefill seconds, decode steps, the limit that binds most of them,
     ``rows_decoded`` (rows summed over the decode steps) and ``live_rows_decoded`` (of those,
     rows still running)."""
@@ -293,11 +340,24 @@ def rollout_seconds(
     lengths = np.asarray(lengths, np.int64).ravel()
     prompts = np.broadcast_to(np.asarray(prompt_tokens, np.int64), lengths.shape)
     rows = lengths.size
+    if keep_groups is not None and groups_r is None:
+        groups_r = group_rows(shape, group_sizes)
     if regime == "compacting":
         first_p = prompt_rows(shape, group_sizes)
         prefill = _prefill_seconds(costs, hw, prompts[first_p], devices, eff)
+        stop = None if keep_groups is None else (groups_r, keep_groups)
         decode, limit, plan = _compacting(
-            costs, hw, lengths, prompts, devices, eff, slots, max_new_tokens, chunk, row_buckets
+            costs,
+            hw,
+            lengths,
+            prompts,
+            devices,
+            eff,
+            slots,
+            max_new_tokens,
+            chunk,
+            row_buckets,
+            stop,
         )
         return {
             "seconds": prefill + decode,
@@ -307,6 +367,12 @@ def rollout_seconds(
             "rows_decoded": plan.rows_decoded,
             "live_rows_decoded": plan.live_rows_decoded,
         }
+    if keep_groups is not None:
+        width = slots if regime == "continuous" else 0
+        lengths = reached_lengths(lengths, groups_r, keep_groups, width or 0)
+        started = lengths > 0
+        lengths, prompts = lengths[started], prompts[started]
+        rows = lengths.size
     prefill = _prefill_seconds(costs, hw, prompts, devices, eff)
     if regime == "synchronous":
         starts, occupied = np.zeros(rows, np.int64), np.full(rows, lengths.max())

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections import deque
 
 import numpy as np
 
-from sagc_jax.config import Config
+from sagc_jax.config import Config, TailBatchingConfig
 from sagc_jax.controller import GroupController, make_controller
+from sagc_jax.controller.observation import straggler_observation
+from sagc_jax.sim import roofline
 from sagc_jax.sim.steptime import REGIMES, StepTimer
+from sagc_jax.sim.workload import SyntheticWorkload
 
 
 @dataclasses.dataclass
@@ -31,6 +36,7 @@ class SimRun:
     num_sequences: np.ndarray  # int [T], rollouts generated at each step
     bootstrapped_steps: int = 0
     calibration: dict | None = None  # prompt-aware controllers: predicted vs observed straggle
+    tail: dict | None = None  # tail batching: per step arrays (see run_tail_batched)
 
     def summary(self) -> dict:
         """One row of the comparison table: modeled hours in each rollout regime (``REGIMES``;
@@ -48,7 +54,22 @@ class SimRun:
             "rollout_share": (primary - update) / primary if primary else 0.0,
             "padding_waste": float(self.padding_waste.mean()),
             "bootstrapped_steps": self.bootstrapped_steps,
+            **(tail_summary(self.tail) if self.tail is not None else {}),
         }
+
+
+def tail_summary(tail: dict) -> dict:
+    """The tail-batching columns of a run: the controller's mean reading of s_t, the share of
+    started prompts deferred, the longest deferral (steps), the long rounds and the prompts
+    still waiting at the end."""
+    started = int(tail["started"].sum())
+    return {
+        "read_straggler_rate": float(tail["s_read"].mean()),
+        "deferred_share": int(tail["deferred"].sum()) / started if started else 0.0,
+        "longest_deferral": int(tail["longest_deferral"]),
+        "long_rounds": int(tail["long_round"].sum()),
+        "queue_left": int(tail["queue"][-1]),
+    }
 
 
 def _play_step(controller: GroupController, workload, t: int):
@@ -133,8 +154,114 @@ def run_controller(name: str, controller: GroupController, workload, timer: Step
     )
 
 
+def run_tail_batched(
+    name: str,
+    controller: GroupController,
+    workload: SyntheticWorkload,
+    timer: StepTimer,
+    tail: TailBatchingConfig,
+) -> SimRun:
+    """Play ``controller`` with tail batching (``tail``) for ``workload.num_steps`` steps.
+
+    A step of P = ``sim.prompts_per_step`` draws ``P + ceil(extra P)`` new prompts at the
+    proposed G, stops once P groups are whole (``roofline.cut_step``, the sampler's slots),
+    trains those and defers the others, oldest first, into a queue; the controller reads the
+    cut step (``observe(reached, finished)``). A long round (when P prompts wait, or every
+    ``long_round_every`` steps while any wait) takes up to P of the oldest deferred prompts,
+    draws their rollouts again at the step's drift (``SyntheticWorkload.redraw``: a prompt
+    keeps its own length scale and straggle tendency) and waits for all of its groups; it
+    draws no new prompt. ``s_t`` is the true straggle share of the step's started groups, from
+    their full lengths; ``tail`` holds per step: ``s_read`` (the controller's reading),
+    ``started``, ``deferred``, ``long_round``, ``queue`` (prompts waiting after the step) and
+    ``longest_deferral`` (steps, over the run).
+    """
+    if controller.prompt_aware:
+        raise ValueError("tail batching runs one G per step: the hybrid controller is refused")
+    if not isinstance(workload, SyntheticWorkload):
+        raise ValueError(
+            "tail batching needs the synthetic workload (sim section); a replayed log has no "
+            "rollouts for the prompts a step would start beyond it"
+        )
+    num = workload.cfg.prompts_per_step
+    start = num + math.ceil(tail.extra * num)
+    fresh = SyntheticWorkload(dataclasses.replace(workload.cfg, prompts_per_step=start))
+    slots = timer.engine.settings([1])["slots"]
+    steps = workload.num_steps
+    queue: deque = deque()  # (prompt step, row, step deferred at)
+    drawn = 0  # prompt steps drawn so far
+    rec = {key: np.zeros(steps) for key in ("s_read", "started", "deferred", "long_round", "queue")}
+    longest = 0
+    cols = {key: np.zeros(steps) for key in ("g", "s_t", "lam", "waste", "max_ratio", "mean")}
+    seconds_by = {key: np.zeros(steps) for key in (*REGIMES, "update")}
+    posterior = np.full((steps, len(controller.candidates)), np.nan)
+    ratios, num_sequences = [], np.zeros(steps, dtype=np.int64)
+    for t in range(steps):
+        g = int(controller.propose())
+        every = tail.long_round_every
+        if queue and (len(queue) >= num or (every and (t + 1) % every == 0)):
+            take = [queue.popleft() for _ in range(min(num, len(queue)))]
+            longest = max(longest, *(t - deferred_at for _, _, deferred_at in take))
+            lengths_pg = np.concatenate(
+                [fresh.redraw(t, origin, [row], g) for origin, row, _ in take]
+            )
+            tokens_p = np.array([fresh.prompts(origin)[1][row] for origin, row, _ in take])
+            m = controller.observe(lengths_pg)
+            times = timer(lengths_pg, np.repeat(tokens_p, g))
+            rec["long_round"][t] = 1
+            s_true = m["s_t"]
+        else:
+            lengths_pg = fresh.lengths_at(drawn, t, g)
+            tokens_p = fresh.prompts(drawn)[1]
+            groups_r = np.repeat(np.arange(start), g)
+            _, reached_r, done_r, kept_g = roofline.cut_step(lengths_pg, groups_r, num, slots)
+            m = controller.observe(reached_r.reshape(start, g), done_r.reshape(start, g))
+            times = timer(lengths_pg, np.repeat(tokens_p, g), keep_groups=num)
+            queue.extend((drawn, int(row), t) for row in np.flatnonzero(~kept_g))
+            rec["started"][t], rec["deferred"][t] = start, start - num
+            s_true = straggler_observation(lengths_pg, controller.tau, controller.scope)
+            drawn += 1
+        rec["s_read"][t], rec["queue"][t] = m["s_t"], len(queue)
+        cols["g"][t], cols["s_t"][t], cols["lam"][t] = g, s_true, m.get("lambda", 0.0)
+        cols["waste"][t], cols["max_ratio"][t] = m["padding_waste"], m["max_ratio"]
+        cols["mean"][t] = m["mean_length"]
+        num_sequences[t] = lengths_pg.size
+        for key, value in times._asdict().items():
+            seconds_by[key][t] = value
+        if m.get("posterior_mean") is not None:
+            posterior[t] = m["posterior_mean"]
+        ratios.append(m["group_ratios"])
+    if queue:  # prompts still waiting: their wait so far
+        longest = max(longest, *(steps - deferred_at for _, _, deferred_at in queue))
+    rec["longest_deferral"] = longest
+    return SimRun(
+        name=name,
+        candidates=controller.candidates,
+        group_size=cols["g"],
+        log2_group_size=np.log2(cols["g"]),
+        s_t=cols["s_t"],
+        lam=cols["lam"],
+        posterior_mean=posterior,
+        padding_waste=cols["waste"],
+        max_ratio=cols["max_ratio"],
+        group_ratios=ratios,
+        rollout_seconds={regime: seconds_by[regime] for regime in REGIMES},
+        update_seconds=seconds_by["update"],
+        mean_length=cols["mean"],
+        num_sequences=num_sequences,
+        tail=rec,
+    )
+
+
 def compare(cfg: Config, workload, timer: StepTimer) -> list[SimRun]:
-    """Run every controller of ``cfg.sim.controllers`` over the same workload."""
+    """Run every controller of ``cfg.sim.controllers`` over the same workload (tail-batched
+    when ``tail_batching.enabled``; ``run_tail_batched``)."""
+    if cfg.tail_batching.enabled:
+        return [
+            run_tail_batched(
+                spec, make_controller(spec, cfg.controller), workload, timer, cfg.tail_batching
+            )
+            for spec in cfg.sim.controllers
+        ]
     return [
         run_controller(spec, make_controller(spec, cfg.controller), workload, timer)
         for spec in cfg.sim.controllers

@@ -98,18 +98,26 @@ class StepTimer:
             return "custom constants"
         return f"{self.model_name} on {self.sim.devices} x {self.sim.hardware}"
 
-    def __call__(self, lengths, prompt_tokens, group_sizes=None) -> StepTime:
+    def __call__(self, lengths, prompt_tokens, group_sizes=None, keep_groups=None) -> StepTime:
         """Seconds of a step whose completions have ``lengths`` (``[B]`` or ``[P, G]``, groups of
         any sizes flattened in order) and prompts ``prompt_tokens`` (an int or ``[B]``).
         ``group_sizes``: int [P], rollouts per prompt in row order (the compacting regime
         prefills each prompt once); None: a ``[P, G]`` shape gives them, a flat ``[B]`` means
-        one prompt per row."""
+        one prompt per row. ``keep_groups``: a tail-batched step, cut once that many groups are
+        whole (``roofline.rollout_seconds``); its update trains only the groups kept
+        (``roofline.cut_step``)."""
         first_p = roofline.prompt_rows(np.shape(lengths), group_sizes)
         lengths = np.asarray(lengths, np.int64).ravel()
         prompts = np.broadcast_to(np.asarray(prompt_tokens, np.int64), lengths.shape)
         sizes_p = np.diff(np.append(first_p, lengths.size))
+        groups_r = np.repeat(np.arange(sizes_p.size), sizes_p)
+        trained = slice(None)
+        if keep_groups is not None:
+            slots = self.engine.settings(lengths)["slots"]
+            trained = roofline.cut_step(lengths, groups_r, keep_groups, slots)[3][groups_r]
+        update = self.update_of(lengths[trained], prompts[trained])
         if self.sim.hardware == "custom":
-            return self._custom(lengths, prompts, sizes_p)
+            return self._custom(lengths, prompts, sizes_p, groups_r, keep_groups, update)
         hw, sim = roofline.HARDWARE[self.sim.hardware], self.sim
         eff = roofline.Efficiency.of(sim)
         settings = {  # what each regime needs besides the lengths
@@ -117,12 +125,34 @@ class StepTimer:
             "synchronous": {},
             "continuous": {"slots": sim.slots * sim.devices},
         }
+        cut = {} if keep_groups is None else {"keep_groups": keep_groups, "groups_r": groups_r}
         rollout = {
             regime: roofline.rollout_seconds(
-                self.costs, hw, lengths, prompts, sim.devices, regime, eff=eff, **settings[regime]
+                self.costs,
+                hw,
+                lengths,
+                prompts,
+                sim.devices,
+                regime,
+                eff=eff,
+                **settings[regime],
+                **cut,
             )["seconds"]
             for regime in REGIMES
         }
+        return StepTime(**rollout, update=update)
+
+    def update_of(self, lengths, prompt_tokens) -> float:
+        """Seconds of the update on completions of ``lengths`` [B] (prompts ``prompt_tokens``,
+        an int or [B])."""
+        lengths = np.asarray(lengths, np.int64).ravel()
+        prompts = np.broadcast_to(np.asarray(prompt_tokens, np.int64), lengths.shape)
+        sim = self.sim
+        if sim.hardware == "custom":
+            return sim.step_overhead_seconds + sim.update_token_seconds * float(
+                prompts.sum() + lengths.sum()
+            )
+        hw, eff = roofline.HARDWARE[sim.hardware], roofline.Efficiency.of(sim)
         if self.padded_width is None:
             width = prompts + lengths
         else:
@@ -137,10 +167,13 @@ class StepTimer:
             self.epochs,
             eff,
         )
-        return StepTime(**rollout, update=update)
+        return update
 
-    def _custom(self, lengths, prompts, sizes_p) -> StepTime:
+    def _custom(self, lengths, prompts, sizes_p, groups_r, keep_groups, update) -> StepTime:
         sim = self.sim
+        full = lengths
+        if keep_groups is not None:  # synchronous and continuous: the tokens reached
+            lengths = roofline.reached_lengths(lengths, groups_r, keep_groups)
         prefill = sim.prefill_token_seconds * float(prompts.sum())
         rows = lengths.size
         synchronous = prefill + int(lengths.max()) * (
@@ -154,12 +187,16 @@ class StepTimer:
             prefill + steps * sim.decode_step_seconds + sim.decode_seq_seconds * lengths.sum()
         )
         # compacting: one prefill per prompt, the sampler's iterations, each costing its rows
-        settings = self.engine.settings(lengths)
+        settings = self.engine.settings(full)
         width = min(settings.pop("slots") or rows, rows)
+        stop_at = None
+        if keep_groups is not None:
+            stop_at, _ = schedule.group_stop(full, groups_r, keep_groups, slots=width)
         plan = schedule.simulate(
-            np.maximum(lengths, 1),
+            np.maximum(full, 1),
             slots=width,
             shards=math.gcd(width, sim.devices),
+            stop_at=stop_at,
             **settings,
         )
         first_p = np.concatenate([[0], np.cumsum(sizes_p)[:-1]])
@@ -167,8 +204,5 @@ class StepTimer:
             sim.prefill_token_seconds * float(prompts[first_p].sum())
             + plan.decode_steps * sim.decode_step_seconds
             + sim.decode_seq_seconds * plan.rows_decoded
-        )
-        update = sim.step_overhead_seconds + sim.update_token_seconds * float(
-            prompts.sum() + lengths.sum()
         )
         return StepTime(float(compacting), synchronous, float(continuous), update)

@@ -60,20 +60,43 @@ class SyntheticWorkload:
         return ids, np.full(num, self.prompt_tokens, dtype=np.int64)
 
     def lengths(self, step: int, group_size: int) -> np.ndarray:
+        return self.lengths_at(step, step, group_size)
+
+    def lengths_at(self, prompt_step: int, step: int, group_size: int) -> np.ndarray:
+        """``lengths(prompt_step, G)``'s prompts and completions at the drift of ``step`` (a
+        tail-batched run draws its prompts ahead of its steps: long rounds take none)."""
+        return self._draw(prompt_step, step, None, group_size, (self.cfg.seed, prompt_step))
+
+    def redraw(self, step: int, origin_step: int, rows, group_size: int) -> np.ndarray:
+        """int64 ``[len(rows), group_size]``: prompts ``rows`` of step ``origin_step``'s draw
+        rolled out again at ``step`` (a deferred prompt's long round): the prompt keeps its
+        length scale, success probability and straggle tendency, the drift is the one of
+        ``step`` and the completions are new draws."""
+        key = (self.cfg.seed, _REDRAW_KEY, step, origin_step)
+        return self._draw(origin_step, step, np.asarray(rows, np.int64), group_size, key)
+
+    def _draw(self, prompt_step: int, step: int, rows, group_size: int, key) -> np.ndarray:
+        """Lengths of the prompts of ``prompt_step`` (``rows`` of them, None: all) at the drift
+        of ``step``, completion i drawn from the stream ``key + (1 + i,)``."""
         cfg = self.cfg
         sigma, runaway = self.group_sigma_at(step), cfg.runaway_prob
         if self.pool is None:
-            prompt_rng = _rng(cfg.seed, step, 0)
+            prompt_rng = _rng(cfg.seed, prompt_step, 0)
             z_p = prompt_rng.standard_normal(cfg.prompts_per_step)
             success_p = self._success(prompt_rng, cfg.prompts_per_step)
         else:
-            ids = self.pool.ids_at(step, cfg.prompts_per_step)
+            ids = self.pool.ids_at(prompt_step, cfg.prompts_per_step)
             z_p, success_p = self.pool.z_p[ids], self.pool.success_p[ids]
             sigma, runaway = sigma * self.pool.spread_p[ids], self.pool.runaway_p[ids]
+        if rows is not None:
+            z_p, success_p = z_p[rows], success_p[rows]
+            sigma, runaway = np.asarray(sigma), np.asarray(runaway)
+            sigma = sigma[rows] if sigma.ndim else sigma
+            runaway = runaway[rows] if runaway.ndim else runaway
         log_scale_p = np.log(self.median_at(step)) + cfg.prompt_sigma * z_p
         lengths_gp = np.empty((group_size, z_p.size), dtype=np.int64)
         for i in range(group_size):  # one stream per completion index: common random numbers
-            rng = _rng(cfg.seed, step, 1 + i)
+            rng = _rng(*key, 1 + i)
             if np.isinf(cfg.tail_df):
                 noise = rng.standard_normal(z_p.size)
             else:
@@ -97,6 +120,7 @@ class SyntheticWorkload:
 
 
 _POOL_KEY = 2**32 - 1  # a "step" no run reaches: the pool's streams never meet a step's
+_REDRAW_KEY = 2**32 - 2  # nor do the streams of long rounds
 
 
 class _PromptPool:
