@@ -19,13 +19,23 @@ mixture of rungs meeting delta at every step), mean G, and the number of rung ch
 whole run. The last lines check SAGC+ against the issue's bars at 80 steps (excess <= 0.03,
 regret <= 0.3 log2 G on every world and both deltas).
 
+With ``--tail-batching [EXTRA]`` (default 0.25) every step starts ``P + ceil(EXTRA P)`` groups
+(P = ``--prompts``) and stops once P of them are whole (every rollout starts at the step's
+start, so a group ends with its longest rollout); the controllers read the cut step (lengths
+reached, finished flags: ``GroupController.observe(lengths, finished)``). The straggler rate
+judged is the true one: the share of all the groups started that straggle, from their full
+lengths (its expectation is the world's rate at the played G); the controller's own reading is
+reported beside it. A third row, ``sagc_plus:naive``, reads the cut lengths as if complete.
+
     python benchmarks/controller_quality.py [--seeds 5] [--prompts 64] [--horizons 80 300]
+        [--tail-batching [EXTRA]]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import platform
 import time
 
@@ -36,7 +46,7 @@ from sagc_jax.config import Config, SAGCConfig, SimConfig, load_config
 from sagc_jax.controller import make_controller
 from sagc_jax.sim.runner import run_controller
 from sagc_jax.sim.steptime import StepTimer
-from sagc_jax.sim.worlds import TailWorld, WorkloadWorld, oracle, rates_table
+from sagc_jax.sim.worlds import TailWorld, WorkloadWorld, oracle, play_cut, rates_table
 
 CANDIDATES = (4, 8, 16)
 TAU = 3.0
@@ -64,20 +74,27 @@ def worlds(horizon: int, seed: int, prompts: int) -> dict:
     }
 
 
-def play(spec: str, world, delta: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(G_t, s_t)`` of one controller over the world."""
+def play(spec: str, world, delta: float, seed: int, keep: int | None = None):
+    """``(G_t, s_t, read_t)`` of one controller over the world; ``keep``: tail batching, every
+    step cut once that many groups are whole (``worlds.play_cut``; spec ``X:naive`` reads the
+    cut lengths as complete)."""
     cfg = Config()
     sagc = SAGCConfig(candidates=CANDIDATES, tau=TAU, delta=delta, seed=seed)
     controller_cfg = dataclasses.replace(cfg.controller, sagc=sagc)
-    run = run_controller(spec, make_controller(spec, controller_cfg), world, UNTIMED)
-    return run.group_size, run.s_t
+    name, _, reading = spec.partition(":")
+    controller = make_controller(name, controller_cfg)
+    if keep is not None:
+        return play_cut(controller, world, keep, naive=reading == "naive")
+    run = run_controller(spec, controller, world, UNTIMED)
+    return run.group_size, run.s_t, run.s_t
 
 
-def measures(g_t, s_t, best: dict, burn_in: int) -> dict:
+def measures(g_t, s_t, read_t, best: dict, burn_in: int) -> dict:
     after = slice(burn_in, None)
     log2_g = np.log2(g_t)
     return {
         "rate": s_t[after].mean(),
+        "read": read_t[after].mean(),
         "excess": s_t[after].mean() - best["allowed"][after].mean(),
         "log2_G": log2_g[after].mean(),
         "regret": best["log2_G"][after].mean() - log2_g[after].mean(),
@@ -88,6 +105,7 @@ def measures(g_t, s_t, best: dict, burn_in: int) -> dict:
 
 COLUMNS = (
     ("rate", "straggler rate", "{:.3f}"),
+    ("read", "rate read", "{:.3f}"),
     ("excess", "excess over allowed", "{:+.3f}"),
     ("log2_G", "mean log2 G", "{:.2f}"),
     ("regret", "regret (log2 G)", "{:+.2f}"),
@@ -110,16 +128,31 @@ def main() -> None:
     parser.add_argument("--horizons", type=int, nargs="+", default=[80, 300])
     parser.add_argument("--deltas", type=float, nargs="+", default=[0.2, 0.3])
     parser.add_argument("--burn_in", type=int, default=10)
+    parser.add_argument(
+        "--tail-batching",
+        type=float,
+        nargs="?",
+        const=0.25,
+        default=None,
+        metavar="EXTRA",
+        help="start P + ceil(EXTRA P) groups a step, stop once P are whole (default 0.25)",
+    )
     args = parser.parse_args()
     start = time.perf_counter()
+    keep, started, controllers = None, args.prompts, CONTROLLERS
+    tail = ""
+    if args.tail_batching is not None:
+        keep, started = args.prompts, args.prompts + math.ceil(args.tail_batching * args.prompts)
+        controllers = (*CONTROLLERS, "sagc_plus:naive")
+        tail = f", tail batching: {started} groups started, the first {keep} whole kept"
     print(
-        f"# controller_quality: {args.seeds} seeds, {args.prompts} groups per step, ladder "
-        f"{list(CANDIDATES)}, tau {TAU}; {platform.processor() or platform.machine()}, "
+        f"# controller_quality: {args.seeds} seeds, {args.prompts} groups per step{tail}, "
+        f"ladder {list(CANDIDATES)}, tau {TAU}; {platform.processor() or platform.machine()}, "
         f"{time.strftime('%Y-%m-%d')}"
     )
     verdict = []
     for horizon in args.horizons:
-        seeded = [worlds(horizon, seed, args.prompts) for seed in range(args.seeds)]
+        seeded = [worlds(horizon, seed, started) for seed in range(args.seeds)]
         rates = {name: rates_table(world) for name, world in seeded[0].items()}
         for delta in args.deltas:
             print(f"\n## {horizon} steps, delta {delta}\n")
@@ -131,9 +164,9 @@ def main() -> None:
             print("|" + " --- |" * (len(COLUMNS) + 3))
             for name in seeded[0]:
                 best = oracle(rates[name], CANDIDATES, delta)
-                for spec in CONTROLLERS:
+                for spec in controllers:
                     rows = [
-                        measures(*play(spec, ws[name], delta, seed), best, args.burn_in)
+                        measures(*play(spec, ws[name], delta, seed, keep), best, args.burn_in)
                         for seed, ws in enumerate(seeded)
                     ]
                     cells = [cell([r[key] for r in rows], fmt) for key, _, fmt in COLUMNS]

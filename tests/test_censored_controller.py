@@ -99,3 +99,48 @@ def test_finished_of_another_shape_is_rejected():
     ctrl.propose()
     with pytest.raises(ValueError, match="finished must be a bool array"):
         ctrl.observe(np.ones((2, 4), int), np.ones((2, 3), bool))
+
+
+# ---------------------------------------------------------------- the budget, every step cut
+
+
+def excess(world, spec, delta, keep, seed):
+    """Straggler rate (true, of every group started) over the oracle's allowed rate, after
+    10 steps; spec ``sagc_plus`` or ``naive`` (the cut lengths read as complete)."""
+    from sagc_jax.sim.worlds import oracle, play_cut, rates_table
+
+    ctrl = SAGCPlusController(SAGCConfig(delta=delta, seed=seed))
+    _, s_t, _ = play_cut(ctrl, world, keep, naive=spec == "naive")
+    best = oracle(rates_table(world), world.candidates, delta)
+    return s_t[10:].mean() - best["allowed"][10:].mean()
+
+
+WORLDS = {
+    "steady": lambda t: 0.04,
+    "heavy_tail": lambda t: 0.2,
+    "drift_up": lambda t: 0.005 + 0.075 * t / 79,
+    "shift_down": lambda t: 0.1 if t < 40 else 0.01,
+}
+
+
+@pytest.mark.parametrize("name", sorted(WORLDS))
+def test_sagc_plus_keeps_its_budget_with_every_step_cut(name):
+    """A slice of ``controller_quality.py --tail-batching``: 80 of 64 groups kept, 80 steps."""
+    from sagc_jax.sim.worlds import TailWorld
+
+    for delta in (0.2, 0.3):
+        values = [
+            excess(TailWorld(WORLDS[name], 80, prompts_per_step=80, seed=s), "plus", delta, 64, s)
+            for s in range(2)
+        ]
+        assert np.mean(values) <= 0.03, (name, delta, values)
+
+
+def test_reading_unknown_groups_as_safe_breaks_the_budget():
+    from sagc_jax.sim.worlds import TailWorld
+
+    values = [
+        excess(TailWorld(WORLDS["drift_up"], 80, prompts_per_step=80, seed=s), "naive", 0.2, 64, s)
+        for s in range(2)
+    ]
+    assert np.mean(values) > 0.03
