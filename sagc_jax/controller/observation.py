@@ -4,6 +4,11 @@
 prompt group ``p`` (EOS included; a truncated completion counts as ``max_new_tokens``).
 Groups of mixed sizes (the hybrid controller's ``per_prompt`` mode) are a flat array
 ``lengths_b`` of all rollouts, group by group, with ``sizes_p`` giving each group's size.
+
+A step cut by tail batching also has ``finished_pg`` (bool ``[num_groups, G]``): where it is
+False the length is a lower bound, and
+:func:`censored_straggle` reads each cut group as a certain straggler or an unknown one counted
+with its estimated probability of straggling.
 """
 
 from __future__ import annotations
