@@ -907,7 +907,7 @@ class TailBatchingConfig(_Section):
         0.25,
         gt=0.0,
         le=4.0,
-        help="extra prompts a step starts, a share of train.prompts_per_step (rounded up to "
+        help="extra prompts a tail step starts, a share of the prompts it trains (rounded up to "
         "whole prompts per process)",
     )
     long_round_every: int = option(
@@ -942,7 +942,6 @@ class Config(_Section):
             for on, what in (
                 (c.kind == "hybrid", "controller.kind = 'hybrid' (its sizes are per prompt)"),
                 (self.loss.dynamic_sampling, "loss.dynamic_sampling (its refill rounds)"),
-                (t.batch_mode != "prompts", "train.batch_mode = budget (prompts follow G)"),
             ):
                 if on:
                     raise ConfigError(

@@ -28,10 +28,10 @@ def test_every_started_prompt_is_trained_once_and_none_waits_long(every):
     started, each once; a prompt waits a bounded number of steps; long rounds keep the queue
     under a step's worth."""
     rng = np.random.default_rng(0)
-    tail = TailBatcher(TailBatchingConfig(True, 0.5, every), prompts_per_step=4, processes=1)
+    tail = TailBatcher(TailBatchingConfig(True, 0.5, every), processes=1)
     source, trained, waits = CountingSource(), [], []
     for step in range(200):
-        round_ = tail.next_round(source, step)
+        round_ = tail.next_round(source, step, 4)
         cut_p = np.zeros(len(round_.prompts), bool)
         if not round_.long:  # 6 started, at least 4 whole
             cut_p[rng.choice(6, size=rng.integers(0, 3), replace=False)] = True
@@ -39,15 +39,15 @@ def test_every_started_prompt_is_trained_once_and_none_waits_long(every):
         kept = tail.settle(round_, cut_p, step)
         assert len(kept) == 4 and not cut_p[kept].any()
         trained += [round_.prompts[i].id for i in kept]
-        assert len(tail.queue) < 4 + tail.extra
+        assert len(tail.queue) < 4 + 2
     queued = [e.position for e in tail.queue]
     assert sorted(trained + queued) == list(range(tail.cursor))
     assert tail.long_rounds > 0 and max(waits) <= (3 if every else 4)
 
 
 def test_settle_refuses_fewer_whole_groups_than_promised():
-    tail = TailBatcher(TailBatchingConfig(True, 0.5, 0), prompts_per_step=2, processes=1)
-    round_ = tail.next_round(CountingSource(), 0)
+    tail = TailBatcher(TailBatchingConfig(True, 0.5, 0), processes=1)
+    round_ = tail.next_round(CountingSource(), 0, 2)
     with pytest.raises(RuntimeError, match="1 whole groups"):
         tail.settle(round_, np.array([True, True, False]), 0)
 

@@ -242,7 +242,7 @@ def cut_step(lengths, groups_r, keep_groups: int, slots: int = 0):
     ``schedule.group_stop`` with ``keep_groups``: ``(stop_k, reached_r, done_r, kept_g)``:
     the stop iteration, the tokens each rollout has then (its length if done, else what it
     reached, 0 if never started), which are done, and bool [num_groups] the groups kept: the
-    first ``keep_groups`` to be whole (by the iteration that ends them, then group order)."""
+    first ``keep_groups`` whole ones in group order (the trainer's rule: ``train/tail.py``)."""
     lengths = np.asarray(lengths, np.int64).ravel()
     groups_r = np.asarray(groups_r, np.int64).ravel()
     slots = min(slots or lengths.size, lengths.size)
@@ -252,7 +252,7 @@ def cut_step(lengths, groups_r, keep_groups: int, slots: int = 0):
     end_g = np.zeros(int(groups_r.max()) + 1, np.int64)
     np.maximum.at(end_g, groups_r, start_r + lengths - 1)
     kept_g = np.zeros(end_g.size, bool)
-    kept_g[np.argsort(end_g, kind="stable")[:keep_groups]] = True
+    kept_g[np.flatnonzero(end_g <= stop_k)[:keep_groups]] = True
     return stop_k, reached_r, done_r, kept_g
 
 

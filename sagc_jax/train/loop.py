@@ -130,9 +130,7 @@ class Trainer:
         self.controller = make_controller(cfg.controller)
         self.tail = None  # on-policy tail batching: its deferred queue and data cursor
         if cfg.tail_batching.enabled:
-            self.tail = TailBatcher(
-                cfg.tail_batching, cfg.train.prompts_per_step, jax.process_count()
-            )
+            self.tail = TailBatcher(cfg.tail_batching, jax.process_count())
         check_batch_shapes(
             cfg, self.controller.candidates, self.plan.batch_shards, jax.process_count()
         )
@@ -388,8 +386,9 @@ class Trainer:
             t2 = time.perf_counter()
             log(f"compiled {label} ({n} rollouts): rollout {t1 - t0:.1f} s, update {t2 - t1:.1f} s")
         if self.tail is not None:  # a tail step's rollout: more prompts, the exit test
-            started = (self.tail.local + self.tail.extra) * jax.process_count()
             for g in self.controller.candidates:
+                local, extra = self.tail.shape(prompts_for(cfg, g))
+                started = (local + extra) * jax.process_count()
                 t0 = time.perf_counter()
                 self.sampler.compile(
                     self.sampling_params(),
@@ -397,7 +396,7 @@ class Trainer:
                     bucket,
                     max_new_tokens=new,
                     prompts=started,
-                    keep_groups=self.tail.local,
+                    keep_groups=local,
                 )
                 seconds = time.perf_counter() - t0
                 log(f"compiled tail step G={g} ({started * g} rollouts): rollout {seconds:.1f} s")
@@ -433,7 +432,7 @@ class Trainer:
         local_prompts = num_prompts // jax.process_count()  # this process's groups
         params = self.sampling_params()
         if self.tail is not None:  # one round: the first whole groups (or a long round's all)
-            round_ = self.tail.next_round(self.source, self.step)
+            round_ = self.tail.next_round(self.source, self.step, num_prompts)
             r = generate(
                 self.sampler,
                 params,

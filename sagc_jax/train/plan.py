@@ -445,6 +445,31 @@ def step_prediction(
         )
         for regime in REGIMES
     }
+    tail = None
+    if cfg.tail_batching.enabled:  # a tail step: extra prompts, cut once P groups are whole
+        prompts = rows // g
+        started = prompts + math.ceil(cfg.tail_batching.extra * prompts)
+        tail_lengths = np.full((started, g), mean)
+        tail_lengths[0, 0] = cap  # the straggler's group is cut and deferred
+        tail_seconds = rollout_seconds(
+            costs,
+            hw,
+            tail_lengths,
+            prompt,
+            num_devices,
+            "compacting",
+            eff=eff,
+            keep_groups=prompts,
+            groups_r=np.repeat(np.arange(started), g),
+            **Engine.of(cfg.sampling, cap).settings(tail_lengths),
+        )["seconds"]
+        # the queue gains (started - prompts) a tail step; a long round (the compacting step
+        # above: it waits for the deferred straggler) when it holds a step's prompts
+        every = cfg.tail_batching.long_round_every
+        tail_steps = math.ceil(prompts / (started - prompts))
+        if every:
+            tail_steps = min(tail_steps, max(every - 1, 1))
+        tail = {"seconds": tail_seconds, "tail_steps": tail_steps, "started": started}
     # the update's tokens: packed rows hold the real tokens, padded rows prompt + cap each
     width = prompt + (int(lengths.mean()) if cfg.train.packing else cap)
     tokens, context = rows * width, rows * width * (width + 1) / 2
@@ -465,6 +490,7 @@ def step_prediction(
         "layout": "packed: real tokens" if cfg.train.packing else "padded: rows x width",
         "update_seconds": update,
         "steps": cfg.train.steps,
+        "tail": tail,
     }
 
 
@@ -506,10 +532,24 @@ def format_step(pred: dict) -> str:
         regime: pred["steps"] * (r["seconds"] + pred["update_seconds"]) / 3600
         for regime, r in pred["rollout"].items()
     }
+    tail = pred["tail"]
+    if tail is not None:
+        long_s = pred["rollout"]["compacting"]["seconds"]
+        cycle = (tail["tail_steps"] * tail["seconds"] + long_s) / (tail["tail_steps"] + 1)
+        trained = pred["rows"] // pred["group_size"]
+        hours["tail batching"] = pred["steps"] * (cycle + pred["update_seconds"]) / 3600
+        lines.append(
+            f"  rollout, tail batching (tail_batching.enabled): {tail['seconds']:.2f} s a tail "
+            f"step ({tail['started']} prompts started, cut once {trained} groups are whole: "
+            f"the straggler's group is deferred), then a long round of the deferred "
+            f"prompts every {tail['tail_steps'] + 1} steps ({long_s:.2f} s, compacting): "
+            f"{cycle:.2f} s a step on average"
+        )
     lines.append(
         f"  {pred['steps']} steps (train.steps) at this G: {hours['compacting']:.1f} h with this "
         f"sampler (compacting), {hours['synchronous']:.1f} h synchronous, "
-        f"{hours['continuous']:.1f} h with continuous batching (one sampling round a step; no "
-        "evaluation or checkpoint time)"
+        f"{hours['continuous']:.1f} h with continuous batching"
+        + (f", {hours['tail batching']:.1f} h with tail batching" if tail is not None else "")
+        + " (one sampling round a step; no evaluation or checkpoint time)"
     )
     return "\n".join(lines)

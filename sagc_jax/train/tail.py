@@ -53,10 +53,8 @@ class TailRound:
 class TailBatcher:
     """The deferred queue and data cursor of one process (see the module docstring)."""
 
-    def __init__(self, cfg: TailBatchingConfig, prompts_per_step: int, processes: int):
+    def __init__(self, cfg: TailBatchingConfig, processes: int):
         self.cfg = cfg
-        self.local = prompts_per_step // processes  # groups a step trains on this process
-        self.extra = math.ceil(cfg.extra * prompts_per_step / processes)  # started beyond them
         self.processes = processes
         self.cursor = 0  # global data position of the next fresh prompt
         self.queue: list[Deferred] = []  # this process's, oldest first
@@ -68,16 +66,25 @@ class TailBatcher:
         self.cursor += count * self.processes
         return [Deferred(p, step, step) for p in positions]
 
-    def next_round(self, source: PromptSource, step: int) -> TailRound:
-        """The round step ``step`` samples (advances the cursor, takes from the queue)."""
+    def shape(self, prompts: int) -> tuple[int, int]:
+        """``(trained, extra)``: the groups a step of ``prompts`` prompts (every process's)
+        trains on each process, and the prompts a tail step starts beyond them."""
+        local = prompts // self.processes
+        return local, math.ceil(self.cfg.extra * local)
+
+    def next_round(self, source: PromptSource, step: int, prompts: int) -> TailRound:
+        """The round step ``step`` samples for ``prompts`` prompts trained (every process's;
+        ``train.batch_mode: budget`` makes it depend on G): advances the cursor, takes from the
+        queue."""
+        local, extra = self.shape(prompts)
         every = self.cfg.long_round_every
-        long = len(self.queue) >= self.local or (every and self.queue and step % every == 0)
+        long = len(self.queue) >= local or (every and self.queue and step % every == 0)
         if long:
-            entries, self.queue = self.queue[: self.local], self.queue[self.local :]
-            entries += self._fresh(source, self.local - len(entries), step)
+            entries, self.queue = self.queue[:local], self.queue[local:]
+            entries += self._fresh(source, local - len(entries), step)
             keep = 0
         else:
-            entries, keep = self._fresh(source, self.local + self.extra, step), self.local
+            entries, keep = self._fresh(source, local + extra, step), local
         prompts = [source.prompt_at(e.position, e.drawn) for e in entries]
         return TailRound(prompts, entries, keep)
 
@@ -90,12 +97,12 @@ class TailBatcher:
                 raise RuntimeError(f"step {step}: a long round came back with cut groups")
             return np.arange(len(round_.entries), dtype=np.int64)
         whole = np.flatnonzero(~np.asarray(cut_p, bool))
-        if whole.size < self.local:
+        if whole.size < round_.keep_groups:
             raise RuntimeError(
                 f"step {step}: {whole.size} whole groups on this process, the sampler's exit "
-                f"test promised {self.local}"
+                f"test promised {round_.keep_groups}"
             )
-        kept = whole[: self.local]
+        kept = whole[: round_.keep_groups]
         deferred = np.setdiff1d(np.arange(len(round_.entries)), kept)
         self.queue += [dataclasses.replace(round_.entries[i], since=step) for i in deferred]
         return kept
