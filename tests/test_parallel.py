@@ -304,3 +304,28 @@ def test_a_signal_to_one_process_stops_all_at_the_same_step(tmp_path):
     steps = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
     assert len(steps) == 1 and 2 <= steps[0] < 500
     assert f"stopped by SIGTERM after step {steps[0]}" in errors[0]
+
+
+def _tail_records(run_dir):
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [
+        {k: v for k, v in r.items() if k.startswith("tail/") or k == "group_size"}
+        for r in map(json.loads, lines)
+        if "group_size" in r
+    ]
+
+
+def test_two_processes_agree_on_tail_batching_and_resume_with_prompts_waiting(tmp_path):
+    """Each process keeps its first whole groups and defers the rest; the processes' queues stay
+    as long as each other's (the trainer checks every step that their controllers agree), and a
+    resume with prompts waiting (step 2: two deferred on each) continues as the straight run."""
+    tail = ("tail_batching.enabled=true", "tail_batching.extra=0.5")
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    _train(straight, steps=3, processes=2, extra=tail)
+    _train(resumed, steps=2, processes=2, extra=tail)
+    _train(resumed, steps=3, processes=2, extra=tail)
+    records = _tail_records(straight)
+    assert _tail_records(resumed) == records
+    assert [r["tail/long_round"] for r in records] == [0, 0, 1]
+    assert records[1]["tail/queue"] == 4 and records[0]["tail/prompts_started"] == 6
+    chex.assert_trees_all_equal(_params(resumed, 3), _params(straight, 3))
