@@ -103,3 +103,11 @@ def test_resume_with_prompts_waiting_continues_exactly(tmp_path):
     chex.assert_trees_all_equal(second.params, straight.params)
     chex.assert_trees_all_equal(second.controller.state_dict(), straight.controller.state_dict())
     assert second.tail.queue == straight.tail.queue and second.tail.cursor == straight.tail.cursor
+
+
+def test_a_tail_step_the_mesh_cannot_split_is_refused_before_the_run():
+    from sagc_jax.train.shapes import check_batch_shapes
+
+    cfg = load_config(None, [*TAIL, "train.prompts_per_step=4", "tail_batching.extra=0.25"])
+    with pytest.raises(ConfigError, match="a tail step starts 5 prompts"):
+        check_batch_shapes(cfg, (1, 2), batch_shards=2)

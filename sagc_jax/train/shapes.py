@@ -5,6 +5,8 @@ the optimizer."""
 
 from __future__ import annotations
 
+import math
+
 from sagc_jax.config import Config, ConfigError
 from sagc_jax.rl import ALGORITHMS
 from sagc_jax.train.optim import make_optimizer
@@ -91,6 +93,15 @@ def check_batch_shapes(
                 f"at G = {g} a step has {prompts} prompts, which {processes} processes cannot "
                 f"share evenly (train.prompts_per_step / train.rollout_budget)"
             )
+        if cfg.tail_batching.enabled:  # a tail step's rollouts: more prompts per process
+            local = prompts // processes
+            started = (local + math.ceil(cfg.tail_batching.extra * local)) * processes
+            if (started * g) % batch_shards:
+                raise ConfigError(
+                    f"at G = {g} a tail step starts {started} prompts ({started * g} rollouts), "
+                    f"which the {batch_shards} batch shards of the mesh do not divide; change "
+                    f"tail_batching.extra or the batch size"
+                )
 
 
 def update_settings(cfg: Config) -> UpdateSettings:
