@@ -111,3 +111,21 @@ def test_a_tail_step_the_mesh_cannot_split_is_refused_before_the_run():
     cfg = load_config(None, [*TAIL, "train.prompts_per_step=4", "tail_batching.extra=0.25"])
     with pytest.raises(ConfigError, match="a tail step starts 5 prompts"):
         check_batch_shapes(cfg, (1, 2), batch_shards=2)
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3])
+def test_without_tail_batching_a_step_draws_the_positions_it_always_did(shards):
+    """``batch`` (the path with tail batching off) still draws shard i's slice of positions
+    (step x rounds + round) x P ..., and ``positions`` / ``prompt_at`` give the same prompts."""
+    from sagc_jax.tasks.source import SyntheticSource
+
+    cfg = load_config(None, TINY)
+    for shard in range(shards):
+        source = SyntheticSource(cfg, rounds_per_step=2, shard_index=shard, num_shards=shards)
+        num, local = 6 * shards, 6
+        for step, round_ in [(0, 0), (3, 1)]:
+            first = (step * 2 + round_) * num + shard * local  # the formula before #32
+            want = [source._train_prompt(first + i, step) for i in range(local)]
+            assert source.batch(step, round_, num) == want
+            positions = source.positions((step * 2 + round_) * num, num)
+            assert [source.prompt_at(p, step) for p in positions] == want
