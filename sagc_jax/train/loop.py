@@ -653,6 +653,7 @@ class Trainer:
             "length/max": int(lengths.max()),
             "length/min": int(lengths.min()),
             "length/median": float(np.median(lengths)),
+            "length/trained_mean": float(trained_tokens) / len(rewards),
             "truncated_frac": float(gather_rows(all_rounds.truncated).mean()),
             "group_size": g if np.ndim(g) == 0 else float(sizes_p.mean()),
             "prompts": len(sizes_p),
