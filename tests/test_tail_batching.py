@@ -35,8 +35,8 @@ def test_every_started_prompt_is_trained_once_and_none_waits_long(every):
         cut_p = np.zeros(len(round_.prompts), bool)
         if not round_.long:  # 6 started, at least 4 whole
             cut_p[rng.choice(6, size=rng.integers(0, 3), replace=False)] = True
-        waits.append(tail.waits(round_, step))
         kept = tail.settle(round_, cut_p, step)
+        waits.append(tail.last["waited"])
         assert len(kept) == 4 and not cut_p[kept].any()
         trained += [round_.prompts[i].id for i in kept]
         assert len(tail.queue) < 4 + 2
@@ -76,7 +76,7 @@ def test_a_tail_step_trains_whole_groups_and_every_prompt_once(tmp_path):
         assert step.batch.cut is None or not step.batch.cut.any()  # whole groups only
         assert len(step.batch.prompts) == 2 and step.batch.group_sizes.tolist() == [4, 4]
         trained += [p.id for p in step.batch.prompts]
-        kinds.append(trainer.tail_step["tail/long_round"])
+        kinds.append(trainer.tail.last["long"])
         assert step.rounds[0].cut is not None or kinds[-1]
     trainer.close()
     queued = [e.position for e in trainer.tail.queue]

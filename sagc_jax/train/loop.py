@@ -444,14 +444,6 @@ class Trainer:
                 **kwargs,
             )
             kept = self.tail.settle(round_, r.cut_p, self.step)
-            self.tail_step = {
-                "tail/long_round": int(round_.long),
-                "tail/prompts_started": len(round_.prompts) * jax.process_count(),
-                "tail/deferred": (len(round_.prompts) - len(kept)) * jax.process_count(),
-                "tail/waited_max": int(
-                    gather_rows(np.array([self.tail.waits(round_, self.step)])).max()
-                ),
-            }
             return r.select_groups(kept), [r], 1
         rounds = []
         kept: list[Rollouts] = []
@@ -703,9 +695,13 @@ class Trainer:
             record["controller/predicted_s_t"] = ctrl.get("predicted_s_t", math.nan)
             record["controller/calibration_ece"] = calibration["ece"]
             record["controller/calibration_brier"] = calibration["brier"]
-        if self.tail is not None:
-            record.update(self.tail_step)
-            record["tail/queue"] = len(self.tail.queue) * jax.process_count()
+        if self.tail is not None:  # every process starts and defers as many prompts
+            last, processes = self.tail.last, jax.process_count()
+            record["tail/long_round"] = last["long"]
+            record["tail/prompts_started"] = last["started"] * processes
+            record["tail/deferred"] = last["deferred"] * processes
+            record["tail/waited_max"] = int(gather_rows(np.array([last["waited"]])).max())
+            record["tail/queue"] = len(self.tail.queue) * processes
             record["tail/queue_oldest"] = self.tail.oldest(self.step)
             record["tail/long_rounds"] = self.tail.long_rounds
             record["tail/censored_groups"] = ctrl.get("censored_groups", 0)

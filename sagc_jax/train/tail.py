@@ -59,6 +59,7 @@ class TailBatcher:
         self.cursor = 0  # global data position of the next fresh prompt
         self.queue: list[Deferred] = []  # this process's, oldest first
         self.long_rounds = 0
+        self.last: dict[str, int] = {}  # the last settled round, this process's (for its log)
 
     def _fresh(self, source: PromptSource, count: int, step: int) -> list[Deferred]:
         """``count`` fresh prompts per process from the cursor (advanced)."""
@@ -91,10 +92,13 @@ class TailBatcher:
     def settle(self, round_: TailRound, cut_p: np.ndarray, step: int) -> np.ndarray:
         """The groups (int64 indices into the round's prompts) the step trains, given which
         groups were cut (bool [prompts], this process's); the others join the queue."""
+        waited = max((step - e.since for e in round_.entries), default=0)
+        self.last = {"long": int(round_.long), "started": len(round_.entries), "waited": waited}
         if round_.long:
             self.long_rounds += 1
             if cut_p.any():
                 raise RuntimeError(f"step {step}: a long round came back with cut groups")
+            self.last["deferred"] = 0
             return np.arange(len(round_.entries), dtype=np.int64)
         whole = np.flatnonzero(~np.asarray(cut_p, bool))
         if whole.size < round_.keep_groups:
@@ -104,12 +108,9 @@ class TailBatcher:
             )
         kept = whole[: round_.keep_groups]
         deferred = np.setdiff1d(np.arange(len(round_.entries)), kept)
+        self.last["deferred"] = len(deferred)
         self.queue += [dataclasses.replace(round_.entries[i], since=step) for i in deferred]
         return kept
-
-    def waits(self, round_: TailRound, step: int) -> int:
-        """Steps the longest-waiting prompt of a round waited since it was cut (0: none)."""
-        return max((step - e.since for e in round_.entries), default=0)
 
     def oldest(self, step: int) -> int:
         """Steps the oldest queued prompt has waited (0: the queue is empty)."""
