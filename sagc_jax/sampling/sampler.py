@@ -393,11 +393,10 @@ class Sampler:
             keep_groups, jax.ops.segment_sum((size_g > 0).astype(jnp.int32), part_g, parts)
         )
 
-        def count_done(run: _Run, done_b, rollout_b) -> _Run:
-            """run with the rollouts ``rollout_b`` where ``done_b`` counted as done."""
+        def count_done(run: _Run, done_b, prompt_b) -> _Run:
+            """run with the rollouts of prompts ``prompt_b`` where ``done_b`` counted as done."""
             if not keep_groups:
                 return run
-            prompt_b = prompt_index_r[jnp.minimum(rollout_b, n - 1)]
             done = jax.ops.segment_sum(done_b.astype(jnp.int32), prompt_b, num_prompts)
             return run._replace(done_g=run.done_g + done)
 
@@ -465,7 +464,7 @@ class Sampler:
                 logprobs_sl=jnp.where(first_l[None, :], logprob_j[:, None], 0.0),
             )
             slots = jax.tree.map(lambda x, y: x.at[s_j].set(y, mode="drop"), run.slots, new)
-            run = count_done(run, valid_j & ~new.live_s, rollout_j)
+            run = count_done(run, valid_j & ~new.live_s, prompt_j)
             return cache, run._replace(slots=slots)
 
         def refill(cache: KVCache, run: _Run):
@@ -527,7 +526,8 @@ class Sampler:
                 logprobs_sl=jnp.where(write_bl, logprob_b[:, None], slots.logprobs_sl),
             )
             run = run._replace(steps=run.steps + 1, rows=run.rows + live_b.shape[0])
-            run = count_done(run, live_b & ~slots.live_s, slots.rollout_s)
+            prompt_b = prompt_index_r[jnp.minimum(slots.rollout_s, n - 1)]
+            run = count_done(run, live_b & ~slots.live_s, prompt_b)
             return cache, slots, run
 
         def iterations(cache, slots, run, cap, more, refilling):

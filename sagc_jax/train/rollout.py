@@ -43,9 +43,7 @@ class Rollouts:
     def cut_p(self) -> np.ndarray:
         """bool [P]: groups with a rollout the exit test stopped (their lengths are lower
         bounds)."""
-        if self.cut is None:
-            return np.zeros(len(self.group_sizes), bool)
-        return np.logical_or.reduceat(self.cut, np.cumsum(self.group_sizes) - self.group_sizes)
+        return np.logical_or.reduceat(self.cut_rows, np.cumsum(self.group_sizes) - self.group_sizes)
 
     @property
     def group_ids(self) -> np.ndarray:
