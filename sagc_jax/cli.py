@@ -49,8 +49,8 @@ def _add_timing(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("modeled time (the sim section's step-time model)")
     group.add_argument(
         "--hardware",
-        help="sim.hardware: h100, h200, a100-80gb, tpu-v5e, tpu-v5p, tpu-v6e, or custom (the "
-        "illustrative constants)",
+        help="sim.hardware: h100, h200, a100-80gb, tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, or custom "
+        "(the illustrative constants)",
     )
     group.add_argument("--devices", type=int, help="sim.devices: chips of that accelerator")
     group.add_argument(
@@ -465,6 +465,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             raise UserError(f"--lora-compare {args.lora_compare}: the rank must be >= 1")
         print(format_lora_comparison(*lora_comparison(cfg, devices, args.lora_compare)))
         return 0
+    if args.compile is not None:
+        return _plan_compile(cfg, args)
     step = None
     if args.hardware is not None:  # first: an unknown name stops before anything is printed
         step = step_prediction(cfg, args.hardware, devices, args.mean_new_tokens)
@@ -473,6 +475,40 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if step is not None:
         print()
         print(format_step(step))
+    return 0
+
+
+def _plan_compile(cfg: Config, args: argparse.Namespace) -> int:
+    """``plan --compile``: every program of the run compiled for the target, the table, and exit
+    2 with one line when one does not fit or does not compile."""
+    from sagc_jax.train.aot import compile_all, format_table, resolve_target, run_programs, verdict
+
+    target = resolve_target(args.compile, args.device_memory)
+    programs = run_programs(cfg, target, args.shapes)
+    if args.programs:
+        wanted = [w.strip() for w in args.programs.split(",") if w.strip()]
+        programs = [p for p in programs if any(p.name.startswith(w) for w in wanted)]
+        if not programs:
+            raise UserError(
+                f"--programs {args.programs}: matches none of this run's programs; start each "
+                f"name with sampler, tail, update, eval or merge"
+            )
+    print(f"plan --compile: {len(programs)} programs for {target.describe()}", flush=True)
+    compiled = []
+    try:
+        compiled = compile_all(programs, report=lambda line: print(line, flush=True))
+    except Exception as err:  # noqa: BLE001 - the compiler's refusal, reported in one line
+        failed = programs[len(compiled)] if len(compiled) < len(programs) else programs[-1]
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(
+            f"{failed.name} ({failed.shapes}) does not compile for {target.topology}: "
+            f"{reason[:300]}"
+        ) from None
+    print()
+    print(format_table(target, compiled))
+    line = verdict(target, compiled)
+    if line:
+        raise UserError(line)
     return 0
 
 
@@ -645,7 +681,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--hardware",
         help="also predict one step's rollout and update seconds on this accelerator by the "
-        "roofline model: h100, h200, a100-80gb, tpu-v5e, tpu-v5p or tpu-v6e",
+        "roofline model: h100, h200, a100-80gb, tpu-v4, tpu-v5e, tpu-v5p or tpu-v6e",
     )
     p.add_argument(
         "--mean-new-tokens",
@@ -661,6 +697,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead: the per-device memory of full fine-tuning against LoRA adapters of this "
         "rank (on model.lora_targets), item by item, and whether each fits one 24, 48 or 80 GB "
         "GPU and one TPU v5e chip",
+    )
+    p.add_argument(
+        "--compile",
+        metavar="TARGET",
+        help="instead: compile every program of the run for TARGET, "
+        "and print the compiler's per-device memory and FLOPs beside this plan's; TARGET: "
+        "a TPU topology (v5p:2x2x4, v5e:4x4, v6e:4x4, v4:2x2x4) or Cloud name (v5p-32, "
+        "v5litepod-16, v6e-16, v4-32), compiled without the TPU (needs the tpu-aot extra), or "
+        "cpu (this host's CPU devices)",
+    )
+    p.add_argument(
+        "--shapes",
+        choices=("largest", "all"),
+        default="largest",
+        help="with --compile: largest (the largest prompt bucket and packed row rung of each "
+        "G, which bound the memory) or all (every bucket and rung a run may compile)",
+    )
+    p.add_argument(
+        "--programs",
+        metavar="NAMES",
+        help="with --compile: only these programs, comma-separated name prefixes: sampler, "
+        "tail, update, eval, merge (default: all)",
     )
     p.set_defaults(func=cmd_plan)
 

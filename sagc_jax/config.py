@@ -765,7 +765,7 @@ class LoggingConfig(_Section):
 
 
 # The accelerators of the roofline model: the keys of sim.roofline.HARDWARE (a test checks).
-HARDWARE_NAMES = ("h100", "h200", "a100-80gb", "tpu-v5e", "tpu-v5p", "tpu-v6e")
+HARDWARE_NAMES = ("h100", "h200", "a100-80gb", "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e")
 
 
 @dataclasses.dataclass(frozen=True)

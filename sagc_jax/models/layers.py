@@ -6,6 +6,8 @@ K kv heads, G = N // K query heads per kv head, H head dim, F mlp, R LoRA rank.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 
 import jax
@@ -69,6 +71,21 @@ def apply_rope(x_btnh: jax.Array, positions_bt: jax.Array, inv_freq_h2: np.ndarr
 
 
 _SPLASH_BLOCKS = (512, 256, 128)  # splash tiles: the row length must divide by one of them
+# The platform "auto" resolves for while programs are traced for devices that are only described
+# (ahead-of-time compiles for a TPU slice from a CPU host: ``train.aot``); None: this host's.
+_TARGET_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "attention_platform", default=None
+)
+
+
+@contextlib.contextmanager
+def attention_platform(platform: str):
+    """Within it, ``attention="auto"`` resolves as on ``platform`` ("tpu", "gpu", "cpu")."""
+    token = _TARGET_PLATFORM.set(platform)
+    try:
+        yield
+    finally:
+        _TARGET_PLATFORM.reset(token)
 
 
 def resolve_attention(implementation: str, dtype, length: int, backend: str | None = None) -> str:
@@ -80,7 +97,7 @@ def resolve_attention(implementation: str, dtype, length: int, backend: str | No
     """
     if implementation != "auto":
         return implementation
-    backend = backend or jax.default_backend()
+    backend = backend or _TARGET_PLATFORM.get() or jax.default_backend()
     if backend in ("gpu", "cuda", "rocm") and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
         return "cudnn"
     if backend == "tpu" and length % _SPLASH_BLOCKS[-1] == 0:

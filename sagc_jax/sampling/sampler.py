@@ -211,6 +211,27 @@ class Sampler:
         prompts (default: one each) padded to ``prompt_len``, without running it; the next call
         of that shape reuses the executable (no recompile). Returns it (``.as_text()``: its
         optimised HLO)."""
+        return self.lower(
+            state,
+            rollouts,
+            prompt_len,
+            max_new_tokens=max_new_tokens,
+            prompts=prompts,
+            keep_groups=keep_groups,
+        ).compile()
+
+    def lower(
+        self,
+        state: nnx.State,
+        rollouts: int,
+        prompt_len: int,
+        *,
+        max_new_tokens: int,
+        prompts: int | None = None,
+        keep_groups: int = 0,
+    ) -> jax.stages.Lowered:
+        """The program `compile` compiles, lowered (``state``: arrays or ShapeDtypeStructs with
+        shardings, e.g. for devices that are only described: ``train.aot``)."""
 
         # Shapes with the shardings a real call has (they are part of the cache key): an
         # uncommitted array (one device, no plan) has none, or the call compiles once more.
@@ -236,7 +257,7 @@ class Sampler:
             max_new_tokens,
             self.slots_for(rollouts),
             keep_groups,
-        ).compile()
+        )
 
     def __call__(
         self,

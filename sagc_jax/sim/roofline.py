@@ -72,6 +72,7 @@ HARDWARE = {
         "https://www.nvidia.com/en-us/data-center/a100/",
     ),
     # Cloud TPU system architecture pages, per chip.
+    "tpu-v4": Hardware("TPU v4", 275e12, 1228e9, 32, "https://cloud.google.com/tpu/docs/v4"),
     "tpu-v5e": Hardware("TPU v5e", 197e12, 819e9, 16, "https://cloud.google.com/tpu/docs/v5e"),
     "tpu-v5p": Hardware("TPU v5p", 459e12, 2765e9, 95, "https://cloud.google.com/tpu/docs/v5p"),
     "tpu-v6e": Hardware("TPU v6e", 918e12, 1638e9, 32, "https://cloud.google.com/tpu/docs/v6e"),

@@ -150,13 +150,17 @@ def _tree_bytes(tree, logical_tree, mesh, rules=RULES) -> tuple[int, int]:
 
 
 def memory_plan(
-    cfg: Config, num_devices: int, device_bytes: int | None = None, slots: int | None = None
+    cfg: Config,
+    num_devices: int,
+    device_bytes: int | None = None,
+    slots: int | None = None,
+    group_size: int | None = None,
 ) -> MemoryPlan:
     """Per-device memory of ``cfg`` on ``num_devices``; its prompt buckets must be concrete
-    (``data.with_resolved_buckets`` turns ``auto`` into the data's). The KV cache holds
-    ``slots`` rows (default: ``sampling.slots`` of the largest candidate G's rollouts; ``auto``
-    resolved by `auto_slots` against ``device_bytes`` per device, or all the rollouts when
-    that is not given)."""
+    (``data.with_resolved_buckets`` turns ``auto`` into the data's). The step is one of G =
+    ``group_size`` (default: the largest candidate). The KV cache holds ``slots`` rows
+    (default: ``sampling.slots`` of the step's rollouts; ``auto`` resolved by `auto_slots`
+    against ``device_bytes`` per device, or all the rollouts when that is not given)."""
     if isinstance(cfg.sampling.prompt_buckets, str):
         raise ConfigError(
             "sagc-jax plan needs the prompt buckets: resolve sampling.prompt_buckets = auto "
@@ -190,7 +194,7 @@ def memory_plan(
         detail = f"weights gathered over fsdp in {arch.compute_dtype} while sampling"
         items.append(Item("decode weights", detail, d_dev, d_total))
 
-    g = max(make_controller(cfg.controller).candidates)
+    g = group_size or max(make_controller(cfg.controller).candidates)
     rows = prompts_for(cfg, g) * g
     if slots is None:
         slots = cfg.sampling.slots

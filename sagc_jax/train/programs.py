@@ -287,7 +287,13 @@ class PolicyPrograms:
     ) -> None:
         """Compile the update for ``batch``'s shapes ahead of time (arrays or ShapeDtypeStructs);
         the next call with those shapes reuses the executable."""
-        self._update.lower(params, opt_state, ref_params, base, batch, key, settings).compile()
+        self.lower_update(params, opt_state, batch, key, settings, ref_params, base).compile()
+
+    def lower_update(
+        self, params, opt_state, batch, key, settings: UpdateSettings, ref_params=None, base=None
+    ) -> jax.stages.Lowered:
+        """The update for ``batch``'s shapes, lowered (arguments as `compile_update`'s)."""
+        return self._update.lower(params, opt_state, ref_params, base, batch, key, settings)
 
     def _update_impl(self, params, opt_state, ref_params, base, batch, key, settings):
         self.traces["update"] += 1
