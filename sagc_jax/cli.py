@@ -481,7 +481,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _plan_compile(cfg: Config, args: argparse.Namespace) -> int:
     """``plan --compile``: every program of the run compiled for the target, the table, and exit
     2 with one line when one does not fit or does not compile."""
-    from sagc_jax.train.aot import compile_all, format_table, resolve_target, run_programs, verdict
+    from sagc_jax.train.aot import (
+        compile_all,
+        compiled_update,
+        format_table,
+        resolve_target,
+        run_programs,
+        verdict,
+    )
 
     target = resolve_target(args.compile, args.device_memory)
     programs = run_programs(cfg, target, args.shapes)
@@ -509,6 +516,17 @@ def _plan_compile(cfg: Config, args: argparse.Namespace) -> int:
     line = verdict(target, compiled)
     if line:
         raise UserError(line)
+    if args.hardware is not None:  # the step's update timed by the compiled program's FLOPs
+        from sagc_jax.train.plan import format_step, step_prediction
+
+        update = compiled_update(compiled)
+        flops = None
+        if update is not None:
+            what = f"the compiled {update.program.name} ({update.program.shapes})"
+            flops = (update.step_flops(len(target.devices)), what)
+        step = step_prediction(cfg, args.hardware, len(target.devices), args.mean_new_tokens, flops)
+        print()
+        print(format_step(step))
     return 0
 
 

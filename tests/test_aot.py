@@ -58,7 +58,7 @@ def test_bad_target_names_say_what_is_allowed(name, said):
 
 
 def test_compile_for_cpu_prints_every_program_beside_the_formula(capsys):
-    assert main([*ARGS, "--compile", "cpu", "--device-memory", "1"]) == 0
+    assert main([*ARGS, "--compile", "cpu", "--device-memory", "1", "--hardware", "h100"]) == 0
     out = capsys.readouterr().out
     rows = _rows(out)
     assert set(rows) == {"sampler G=2", "sampler G=4", "update G=2", "update G=4", "eval sampler"}
@@ -73,6 +73,8 @@ def test_compile_for_cpu_prints_every_program_beside_the_formula(capsys):
         sampler = rows[f"sampler G={g}"]
         assert 0.8 < float(sampler["peak / estimate"]) < 1.25
     assert "5 programs compiled in" in out
+    # --hardware times the step's update by the compiled program's FLOPs (every loop trip)
+    assert re.search(r"update: .*; [0-9.e-]+ TFLOPs of the compiled update G=4 \(8 packed", out)
 
 
 def test_compile_names_the_program_that_does_not_fit(capsys):

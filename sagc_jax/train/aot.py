@@ -152,6 +152,7 @@ class Program:
     resident: int  # per-device bytes of the run's state held beside it (not its arguments)
     estimate: int | None  # sagc-jax plan's formula, per device, the resident state included
     flops: float | None  # the roofline's FLOPs per device, as the cost analysis counts them
+    loop_scale: float = 1.0  # the whole program's FLOPs over what the cost analysis counts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +167,10 @@ class Compiled:
     alias: int
     flops: float
     bytes_accessed: float
+
+    def step_flops(self, devices: int) -> float:
+        """FLOPs of one run of the whole program on ``devices`` devices (every loop trip)."""
+        return self.flops * self.program.loop_scale * devices
 
     @property
     def peak(self) -> int:
@@ -356,7 +361,7 @@ def run_programs(cfg: Config, target: Target, shapes: str = "largest") -> list[P
                 programs.lower_update, params, opt_state, batch, key, settings, ref_params, base
             )
             layout = "packed" if t.packing else "padded"
-            flops = _update_flops(cfg, arch, rows, width, len(target.devices), counted_once)
+            flops, scale = _update_flops(cfg, arch, rows, width, len(target.devices), counted_once)
             top = rows == max(
                 r for r, _, _ in _update_batches(cfg, plan, processes, rollouts, buckets, "largest")
             )
@@ -368,6 +373,7 @@ def run_programs(cfg: Config, target: Target, shapes: str = "largest") -> list[P
                     0,
                     estimates[label]["update"] if top else None,
                     flops,
+                    scale,
                 )
             )
     if t.eval_every:
@@ -439,16 +445,20 @@ def _formula(cfg: Config, devices: int, group_size: int, slots: int) -> dict[str
     }
 
 
-def _update_flops(cfg: Config, arch, rows: int, width: int, devices: int, counted_once: bool):
+def _update_flops(
+    cfg: Config, arch, rows: int, width: int, devices: int, counted_once: bool
+) -> tuple[float, float]:
     """The roofline's update FLOPs per device (forward + backward = 3 forwards of every token,
-    causal attention over the row), counted as the cost analysis counts them: with loop bodies
-    counted once, one update of the first microbatch plus the body of the rest."""
+    causal attention over the row), counted as the cost analysis counts them (with loop bodies
+    counted once: one update of the first microbatch plus the body of the rest), and the
+    factor from those to the whole program's."""
     t = cfg.train
     micro_rows = rows // (t.minibatches * t.microbatches)
     tokens = micro_rows * width
     micro = 3.0 * model_costs(arch).forward_flops(tokens, tokens * (width + 1) / 2)
-    counted = min(t.microbatches, 2) if counted_once else t.microbatches * t.minibatches * t.epochs
-    return micro * counted / devices
+    whole = t.microbatches * t.minibatches * t.epochs
+    counted = min(t.microbatches, 2) if counted_once else whole
+    return micro * counted / devices, whole / counted
 
 
 def compile_all(programs: list[Program], report=print) -> list[Compiled]:
@@ -536,3 +546,10 @@ def verdict(target: Target, compiled: list[Compiled]) -> str | None:
                 f"larger slice"
             )
     return None
+
+
+def compiled_update(compiled: list[Compiled]) -> Compiled | None:
+    """The update of the largest G at its largest shape (what ``plan --hardware`` times), if it
+    was compiled: the last update in ``run_programs``' order."""
+    updates = [c for c in compiled if c.program.name.startswith("update")]
+    return updates[-1] if updates else None

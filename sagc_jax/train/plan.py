@@ -31,6 +31,7 @@ from sagc_jax.sim.roofline import (
     MEASURED,
     REGIMES,
     Efficiency,
+    dense_seconds,
     model_costs,
     rollout_seconds,
     update_seconds,
@@ -415,7 +416,11 @@ def format_lora_comparison(full: MemoryPlan, lora: MemoryPlan) -> str:
 
 
 def step_prediction(
-    cfg: Config, hardware: str, num_devices: int, mean_new_tokens: int | None = None
+    cfg: Config,
+    hardware: str,
+    num_devices: int,
+    mean_new_tokens: int | None = None,
+    update_flops: tuple[float, str] | None = None,
 ) -> dict:
     """Rollout and update seconds of one step at the ladder's largest G on ``num_devices``
     chips of ``hardware`` (a key of ``sim.roofline.HARDWARE``), by the roofline model.
@@ -425,7 +430,8 @@ def step_prediction(
     ``mean_new_tokens`` long (default: half of ``max_new_tokens``). Rollouts in each regime of
     ``sim.roofline.REGIMES``: ``compacting`` with the config's sampling settings (one prefill per
     prompt; ``sampling.slots: auto`` modeled as all rows), ``continuous`` with ``sim.slots`` per
-    chip.
+    chip. The update's FLOPs: the roofline's for the step's tokens, or ``update_flops`` (FLOPs,
+    what they are: the compiled update program's, from ``plan --compile``).
     """
     if hardware not in HARDWARE:
         raise ConfigError(f"--hardware {hardware!r} is not known; choose one of {list(HARDWARE)}")
@@ -478,6 +484,10 @@ def step_prediction(
     width = prompt + (int(lengths.mean()) if cfg.train.packing else cap)
     tokens, context = rows * width, rows * width * (width + 1) / 2
     update = update_seconds(costs, hw, tokens, context, num_devices, cfg.train.epochs, eff)
+    flops_source = "forward + backward of the step's tokens by the roofline"
+    if update_flops is not None:
+        update = dense_seconds(update_flops[0], hw, num_devices, eff)
+        flops_source = f"{update_flops[0] / 1e12:.3g} TFLOPs of {update_flops[1]}"
     return {
         "hardware": hw,
         "hardware_key": hardware,
@@ -493,6 +503,7 @@ def step_prediction(
         "update_tokens": tokens,
         "layout": "packed: real tokens" if cfg.train.packing else "padded: rows x width",
         "update_seconds": update,
+        "update_flops_source": flops_source,
         "steps": cfg.train.steps,
         "tail": tail,
     }
@@ -530,7 +541,7 @@ def format_step(pred: dict) -> str:
         )
     lines.append(
         f"  update: {pred['update_seconds']:.2f} s ({pred['update_tokens']:,} tokens "
-        f"({pred['layout']}), forward + backward at the assumed MFU)"
+        f"({pred['layout']}); {pred['update_flops_source']}, at the assumed MFU)"
     )
     hours = {
         regime: pred["steps"] * (r["seconds"] + pred["update_seconds"]) / 3600
