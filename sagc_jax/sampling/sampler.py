@@ -594,31 +594,28 @@ class Sampler:
             """No rollout waits and the ``live`` running rows fit the first smaller rung."""
             return (run.waiting >= n) & (live <= rungs[min(1, len(rungs) - 1)])
 
-        def all_slots(phase: int, cache: KVCache, run: _Run):
-            """Phases phase, phase + 1, ... at all slots (Python recursion: unrolled in the
-            trace), until the rows leave for the tail. Returns (tail cache, tail slots, run):
-            rungs[1] rows in a cache of full width (run alone without a tail)."""
-            cap = caps_p[phase]
+        def all_slots(cache: KVCache, run: _Run):
+            """The phases at all slots, one after another, until the rows leave for the tail.
+            Returns (tail cache, tail slots, run): rungs[1] rows in a cache of full width (run
+            alone without a tail). The phases run in sequence, not nested in conditionals: a
+            conditional's operands stay allocated while it runs, so nesting would hold every
+            phase's cache at once (about half the phases' full cache in all); in sequence only
+            the grown cache and the one it grows from are held. Once no row runs, or the rows
+            are in the tail, the later phases only grow the cache and test their loop."""
             keep = (lambda live, run: ~in_tail(live, run)) if tail else (lambda *_: True)
-            cache, slots, run = iterations(cache, run.slots, run, cap, keep, n > num_slots)
-            run = run._replace(slots=slots)
+            slots = run.slots
+            for phase, cap in enumerate(caps_p):
+                if phase:
+                    cache = self._grow(cache, prompt_len + cap)
+                cache, slots, run = iterations(cache, slots, run, cap, keep, n > num_slots)
+                run = run._replace(slots=slots)
             if tail:
-                leave = lambda: gather(cache, slots, run, rungs[1], full_width)  # noqa: E731
-            else:
-                leave = lambda: flush(run, slots)  # noqa: E731
-            if phase + 1 == len(caps_p):
-                return leave()
-            grown = prompt_len + caps_p[phase + 1]
-            live, _ = status(slots, run, cap)
-            return jax.lax.cond(
-                (live > 0) & (~in_tail(live, run) if tail else True),
-                lambda: all_slots(phase + 1, self._grow(cache, grown), run),
-                leave,
-            )
+                return gather(cache, slots, run, rungs[1], full_width)
+            return flush(run, slots)
 
         def decode(cache: KVCache, run: _Run) -> _Run:
             if not tail:
-                return all_slots(0, cache, run)
+                return all_slots(cache, run)
 
             def rung(k: int, cache: KVCache, slots: _Slots, run: _Run) -> _Run:
                 """Rungs k, k + 1, ... of the tail (Python recursion: unrolled in the trace);
@@ -636,7 +633,7 @@ class Sampler:
                     lambda: flush(run, slots),
                 )
 
-            cache, slots, run = all_slots(0, cache, run)
+            cache, slots, run = all_slots(cache, run)
             live, _ = status(slots, run, length)
             return jax.lax.cond(
                 live > 0, lambda: rung(1, cache, slots, run), lambda: flush(run, slots)
