@@ -431,18 +431,10 @@ def _update_batches(cfg: Config, plan, processes: int, rollouts: int, buckets, s
 
 
 def _formula(cfg: Config, devices: int, group_size: int, slots: int) -> dict[str, int]:
-    """``sagc-jax plan``'s per-device bytes of the sampler and the update at G =
-    ``group_size``: the items each program holds (the run's state in both)."""
-    items = {
-        i.name: i.per_device
-        for i in memory_plan(cfg, devices, slots=slots, group_size=group_size).items
-    }
-    training = ("activations", "gradients")
-    sampling = ("decode weights", "KV cache", "prompt cache", "merged weights")
-    return {
-        "sampler": sum(v for k, v in items.items() if k not in training),
-        "update": sum(v for k, v in items.items() if k not in sampling),
-    }
+    """``sagc-jax plan``'s per-device bytes while the sampler and while the update of G =
+    ``group_size`` run (each with the run's state)."""
+    plan = memory_plan(cfg, devices, slots=slots, group_size=group_size)
+    return {"sampler": plan.during("sampling"), "update": plan.during("update")}
 
 
 def _update_flops(

@@ -26,6 +26,7 @@ from sagc_jax.models import axes as ax
 from sagc_jax.models.hf_checkpoint import hf_architecture
 from sagc_jax.models.lora import LoRAParam
 from sagc_jax.parallel import BATCH_AXES, MESH_AXES, RULES, mesh_shape
+from sagc_jax.sampling.schedule import phase_slots, resolve_chunk
 from sagc_jax.sim.roofline import (
     HARDWARE,
     MEASURED,
@@ -46,12 +47,29 @@ from sagc_jax.train.shapes import make_trainer_optimizer, prompts_for, update_se
 GIB = 1024**3
 
 
+# Items held only while the samplers run or only while the update runs (never both at once);
+# the rest (the trained state) is held throughout.
+STAGES = {
+    "decode weights": "sampling",
+    "KV cache": "sampling",
+    "prompt cache": "sampling",
+    "merged weights": "sampling",
+    "gradients": "update",
+    "activations": "update",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Item:
     name: str
     detail: str
     per_device: int  # bytes on the most loaded device
     total: int  # bytes of one whole copy (the distinct pieces of every device together)
+
+    @property
+    def stage(self) -> str:
+        """``sampling``, ``update`` or ``state`` (held throughout)."""
+        return STAGES.get(self.name, "state")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,9 +81,14 @@ class MemoryPlan:
     items: list[Item]
     lora: str = ""  # "rank R on q_proj, ...": the adapters trained over frozen parameters
 
+    def during(self, stage: str) -> int:
+        """Bytes per device while ``stage`` (``sampling`` or ``update``) runs: the state too."""
+        return sum(i.per_device for i in self.items if i.stage in (stage, "state"))
+
     @property
     def per_device(self) -> int:
-        return sum(i.per_device for i in self.items)
+        """The peak: the larger of sampling and the update."""
+        return max(self.during("sampling"), self.during("update"))
 
 
 def architecture(cfg: Config) -> tuple[DecoderConfig, str]:
@@ -207,11 +230,18 @@ def memory_plan(
     cache = jax.ShapeDtypeStruct((decoded, arch.num_kv_heads, arch.head_dim, width), cd)
     per_layer = _shard_bytes(cache, (ax.BATCH, ax.ACT_KV_HEADS, None, ax.CACHE_LENGTH), mesh)
     total_cache = 2 * arch.num_layers * math.prod(cache.shape) * cache.dtype.itemsize
+    # The sampler grows the cache phase by phase (sampling.decode_chunk): while the last phase's
+    # cache is made, the one it grows from is held too.
+    new = cfg.sampling.max_new_tokens
+    caps = phase_slots(new, resolve_chunk(new, cfg.sampling.decode_chunk))
+    growth = (2 * width - (caps[-1] - caps[-2])) / width if len(caps) > 1 else 1.0
     detail = (
         f"G = {g}: {decoded} of {rows} rollouts decoding at once (sampling.slots) x {width} "
         f"slots x {arch.num_layers} layers"
+        + (f", x{growth:.2f} while the last decode phase grows it" if len(caps) > 1 else "")
     )
-    items.append(Item("KV cache", detail, 2 * arch.num_layers * per_layer, total_cache))
+    per_device = round(growth * 2 * arch.num_layers * per_layer)
+    items.append(Item("KV cache", detail, per_device, round(growth * total_cache)))
     # One prefill per prompt, its cache replicated on every device (copied into the slots).
     prompts = prompts_for(cfg, g)
     bucket = max(cfg.sampling.prompt_buckets)
@@ -247,7 +277,7 @@ def auto_slots(cfg: Config, num_devices: int, device_bytes: int, share: float = 
     plan = memory_plan(cfg, num_devices, slots=rollouts)
     kv = next(item for item in plan.items if item.name == "KV cache")
     per_row = kv.per_device / (rollouts // shards)  # bytes of one row's cache on its device
-    rest = plan.per_device - kv.per_device
+    rest = plan.during("sampling") - kv.per_device
     rows_per_device = min(int((share * device_bytes - rest) // per_row), rollouts // shards)
     if rows_per_device < 1:
         raise ConfigError(
@@ -355,7 +385,12 @@ def format_plan(plan: MemoryPlan, device_memory: float | None = None) -> str:
             f"  {item.detail}"
         )
     total = plan.per_device
-    lines.append(f"{'total':<17}{total / GIB:>8.2f} GiB")
+    sampling, update = plan.during("sampling"), plan.during("update")
+    lines.append(
+        f"{'total':<17}{total / GIB:>8.2f} GiB  the larger of sampling ({sampling / GIB:.2f} "
+        f"GiB: all but gradients and activations) and the update ({update / GIB:.2f} GiB: all "
+        f"but decode weights and caches)"
+    )
     if device_memory:
         verdict = "fits" if total <= device_memory * GIB else "does NOT fit"
         used = 100 * total / (device_memory * GIB)
@@ -411,7 +446,10 @@ def format_lora_comparison(full: MemoryPlan, lora: MemoryPlan) -> str:
         used = [p.per_device / (gib * GIB) for p in (full, lora)]
         cells = [f"{'fits' if u <= 1 else 'no'} ({100 * u:.0f}%)" for u in used]
         lines.append(f"{f'one {name} ({gib:g} GiB)':<28}{cells[0]:>18}{cells[1]:>18}")
-    lines.append("totals sum every item, as plan's do; XLA needs headroom for temporaries")
+    lines.append(
+        "totals: the larger of sampling and the update (the samplers' caches and the update's "
+        "gradients and activations are never held at once); XLA needs headroom for temporaries"
+    )
     return "\n".join(lines)
 
 
