@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: train test simulate experiment lint clean
+.PHONY: train test simulate experiment lint clean clean-runs
 
 # (Re)install when pyproject.toml changes; the venv is created on first use.
 $(STAMP): pyproject.toml
@@ -69,5 +69,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check sagc_jax tests benchmarks
 	$(VENV)/bin/ruff format --check sagc_jax tests benchmarks
 
+# The environment only; runs/ (the demo's warm start, `make experiment`'s hours of runs) stays.
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache runs
+	rm -rf $(VENV) *.egg-info .pytest_cache
+
+# Every run under runs/, said first: the demo's warm start and runs, `make experiment`'s study.
+clean-runs:
+	@echo "deleting runs/: $$(du -sh runs 2>/dev/null | cut -f1) in $$(find runs -mindepth 1 -maxdepth 2 -type d 2>/dev/null | wc -l) run directories"
+	rm -rf runs
