@@ -1,7 +1,8 @@
 """Decoder building blocks: RMSNorm, RoPE (with `llama3` scaling), grouped-query attention, SwiGLU.
 
 Shapes use B batch, T query length, S key length (cache length), D model, N query heads,
-K kv heads, G = N // K query heads per kv head, H head dim, F mlp, R LoRA rank.
+K kv heads, Q = N // K query heads per kv head (G is the GRPO group size elsewhere), H head
+dim, F mlp, R LoRA rank.
 """
 
 from __future__ import annotations
@@ -150,14 +151,14 @@ def attend(
 def _attend_einsum(q_btnh, k_bkhs, v_bksh, mask_bts) -> jax.Array:
     b, t, n, h = q_btnh.shape
     k = k_bkhs.shape[1]
-    q_bkgth = q_btnh.reshape(b, t, k, n // k, h).transpose(0, 2, 3, 1, 4)
-    scores_bkgts = jnp.einsum(
-        "BKGTH,BKHS->BKGTS", q_bkgth, k_bkhs, preferred_element_type=jnp.float32
+    q_bkqth = q_btnh.reshape(b, t, k, n // k, h).transpose(0, 2, 3, 1, 4)
+    scores_bkqts = jnp.einsum(
+        "BKQTH,BKHS->BKQTS", q_bkqth, k_bkhs, preferred_element_type=jnp.float32
     ) * (h**-0.5)
-    scores_bkgts = jnp.where(mask_bts[:, None, None, :, :], scores_bkgts, _MASKED)
-    probs_bkgts = jax.nn.softmax(scores_bkgts, axis=-1).astype(v_bksh.dtype)
-    out_bkgth = jnp.einsum("BKGTS,BKSH->BKGTH", probs_bkgts, v_bksh)
-    return out_bkgth.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+    scores_bkqts = jnp.where(mask_bts[:, None, None, :, :], scores_bkqts, _MASKED)
+    probs_bkqts = jax.nn.softmax(scores_bkqts, axis=-1).astype(v_bksh.dtype)
+    out_bkqth = jnp.einsum("BKQTS,BKSH->BKQTH", probs_bkqts, v_bksh)
+    return out_bkqth.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
 def _attend_dot_product(q_btnh, k_bkhs, v_bksh, segment_ids_bt, implementation: str):
@@ -209,7 +210,7 @@ def _attend_splash(q_btnh, k_bkhs, v_bksh, segment_ids_bt, interpret: bool = Fal
     def local(q_btnh, k_bkhs, v_bksh, segment_ids_bt):
         lb = q_btnh.shape[0]
         # [B, K, G, T, H] queries, pre-scaled (the kernel does not scale)
-        q_bkgth = (q_btnh * h**-0.5).reshape(lb, t, k, n // k, h).transpose(0, 2, 3, 1, 4)
+        q_bkqth = (q_btnh * h**-0.5).reshape(lb, t, k, n // k, h).transpose(0, 2, 3, 1, 4)
         k_bksh = k_bkhs.transpose(0, 1, 3, 2)
 
         def one_row(q_kgth, k_ksh, v_ksh, seg_t):
@@ -218,8 +219,8 @@ def _attend_splash(q_btnh, k_bkhs, v_bksh, segment_ids_bt, interpret: bool = Fal
                 q_kgth, k_ksh, v_ksh
             )
 
-        out_bkgth = jax.vmap(one_row)(q_bkgth, k_bksh, v_bksh, segment_ids_bt)
-        return out_bkgth.transpose(0, 3, 1, 2, 4).reshape(lb, t, n, h).astype(q_btnh.dtype)
+        out_bkqth = jax.vmap(one_row)(q_bkqth, k_bksh, v_bksh, segment_ids_bt)
+        return out_bkqth.transpose(0, 3, 1, 2, 4).reshape(lb, t, n, h).astype(q_btnh.dtype)
 
     active = ax.active_rules()
     if active is None:
