@@ -6,12 +6,18 @@ STAMP := $(VENV)/.installed
 
 .PHONY: train test simulate experiment lint clean clean-runs
 
-# (Re)install when pyproject.toml changes; the venv is created on first use.
+# (Re)install when pyproject.toml changes; the venv is created on first use. The demo needs the
+# package alone; the tests (and lint) add the dev extra: pytest, ruff, CPU PyTorch, transformers.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e .
 	touch $(STAMP)
+
+DEV_STAMP := $(VENV)/.installed-dev
+$(DEV_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(DEV_STAMP)
 
 # The main job: the CPU demo. The SFT warm start is reused when runs/demo/sft already has it
 # with the same config (an interrupted one resumes; a changed config is refused: retrain it with
@@ -62,10 +68,10 @@ experiment: $(STAMP)
 # The whole suite, one worker per core (pytest-xdist), a test file's tests on one worker so that
 # its fixtures are built once. tests/conftest.py gives every test and subprocess one persistent
 # XLA compilation cache.
-test: $(STAMP)
+test: $(DEV_STAMP)
 	$(PY) -m pytest -n auto --dist loadfile
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check sagc_jax tests benchmarks
 	$(VENV)/bin/ruff format --check sagc_jax tests benchmarks
 
