@@ -507,9 +507,10 @@ def _plan_compile(cfg: Config, args: argparse.Namespace) -> int:
     except Exception as err:  # noqa: BLE001 - the compiler's refusal, reported in one line
         failed = programs[len(compiled)] if len(compiled) < len(programs) else programs[-1]
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        # a TPU compiler refuses a program whose buffers exceed the chip's HBM
+        what = "does not fit" if "RESOURCE_EXHAUSTED" in reason else "does not compile for"
         raise UserError(
-            f"{failed.name} ({failed.shapes}) does not compile for {target.topology}: "
-            f"{reason[:300]}"
+            f"{failed.name} ({failed.shapes}) {what} {target.topology}: {reason[:300]}"
         ) from None
     print()
     print(format_table(target, compiled))
