@@ -473,7 +473,11 @@ def compile_all(programs: list[Program], report=print) -> list[Compiled]:
             float(cost.get("flops", 0.0)),
             float(cost.get("bytes accessed", 0.0)),
         )
-        report(f"compiled {p.name} ({p.shapes}) in {seconds:.1f} s")
+        estimate = "" if p.estimate is None else f" (plan's estimate {p.estimate / GIB:.3g})"
+        report(  # the figures as each program finishes: a long compile stopped keeps them
+            f"compiled {p.name} ({p.shapes}) in {seconds:.1f} s: peak {c.peak / GIB:.3g} GiB "
+            f"per device{estimate}, {c.flops / 1e12:.3g} TFLOPs counted"
+        )
         done.append(c)
     return done
 
