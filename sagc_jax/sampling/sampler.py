@@ -197,28 +197,12 @@ class Sampler:
         cache = init_cache(self.config, batch, slots)
         return self._constrain(cache._replace(index=jnp.zeros((batch,), jnp.int32)))
 
-    def compile(
-        self,
-        state: nnx.State,
-        rollouts: int,
-        prompt_len: int,
-        *,
-        max_new_tokens: int,
-        prompts: int | None = None,
-        keep_groups: int = 0,
-    ) -> jax.stages.Compiled:
+    def compile(self, *args, **kwargs) -> jax.stages.Compiled:
         """Compiles the program for ``rollouts`` rollouts (all processes') of ``prompts`` distinct
-        prompts (default: one each) padded to ``prompt_len``, without running it; the next call
-        of that shape reuses the executable (no recompile). Returns it (``.as_text()``: its
-        optimised HLO)."""
-        return self.lower(
-            state,
-            rollouts,
-            prompt_len,
-            max_new_tokens=max_new_tokens,
-            prompts=prompts,
-            keep_groups=keep_groups,
-        ).compile()
+        prompts (default: one each) padded to ``prompt_len``, without running it (arguments as
+        `lower`'s); the next call of that shape reuses the executable (no recompile). Returns it
+        (``.as_text()``: its optimised HLO)."""
+        return self.lower(*args, **kwargs).compile()
 
     def lower(
         self,

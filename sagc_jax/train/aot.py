@@ -356,15 +356,14 @@ def run_programs(cfg: Config, target: Target, shapes: str = "largest") -> list[P
 
     counted_once = loops_counted_once(target.devices)
     for label, (rollouts, _) in rollout_shapes(cfg, controller.candidates).items():
-        for rows, width, batch in _update_batches(cfg, plan, processes, rollouts, buckets, shapes):
+        batches = _update_batches(cfg, plan, processes, rollouts, buckets, shapes)
+        for i, (rows, width, batch) in enumerate(batches):
             lower = on_target(
                 programs.lower_update, params, opt_state, batch, key, settings, ref_params, base
             )
             layout = "packed" if t.packing else "padded"
             flops, scale = _update_flops(cfg, arch, rows, width, len(target.devices), counted_once)
-            top = rows == max(
-                r for r, _, _ in _update_batches(cfg, plan, processes, rollouts, buckets, "largest")
-            )
+            top = i == len(batches) - 1  # the largest rung or bucket, which plan's estimate sizes
             out.append(
                 Program(
                     f"update {label}",
