@@ -79,7 +79,8 @@ def test_slots_bound_the_kv_cache_and_auto_fills_the_memory():
     assert slots % 4 == 0 and 480 <= slots <= 512
     fitted = memory_plan(cfg, 4, budget)
     held = fitted.during("sampling")
-    assert held <= 0.9 * budget < held + kv_every.per_device / 256
+    # within two rows per device of the budget (an even count: half the slots is the tail rung)
+    assert held <= 0.9 * budget < held + 2 * kv_every.per_device / 256
     assert auto_slots(cfg, 4, 2 * every.per_device) == 1024  # never more than the rollouts
     with pytest.raises(ConfigError, match="sampling.slots = auto: not one row"):
         auto_slots(cfg, 4, int(rest))
@@ -124,7 +125,7 @@ def test_plan_lora_compare_prints_what_fits(capsys):
     assert "LoRA: rank 16 on q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj" in out
     rows = {line[:28].strip(): " ".join(line[28:].split()) for line in out.splitlines()}
     assert rows["optimizer state"] == "34.49 0.22"
-    assert rows["one 48 GB GPU (48 GiB)"] == "no (129%) fits (52%)"  # the prompt cache counted
-    assert rows["one 80 GB GPU (80 GiB)"] == "fits (77%) fits (31%)"
+    assert rows["one 48 GB GPU (48 GiB)"] == "no (129%) fits (46%)"  # the prompt cache counted
+    assert rows["one 80 GB GPU (80 GiB)"] == "fits (77%) fits (28%)"
     assert main(["plan", "--config", config, "--lora-compare", "0"]) == 2
     assert "--lora-compare 0: the rank must be >= 1" in capsys.readouterr().err

@@ -21,7 +21,7 @@ from flax import nnx
 
 from sagc_jax.models import axes as ax
 from sagc_jax.models.architecture import DecoderConfig
-from sagc_jax.models.layers import MLP, Attention, RMSNorm
+from sagc_jax.models.layers import MLP, Attention, RMSNorm, cache_blocks
 
 
 class KVCache(NamedTuple):
@@ -29,6 +29,9 @@ class KVCache(NamedTuple):
 
     k_lbkhs: tuple (one per layer) of keys [B, K, H, S] in the compute dtype.
     v_lbksh: tuple (one per layer) of values [B, K, S, H] in the compute dtype.
+        A layer's keys (and values) may also be a tuple of blocks that follow each other along
+        S: a cache that grows by a block leaves the slots already written where they are
+        (the sampler's decode phases). Such a cache takes one token per row (decode).
     start_b: int32 [B], first valid slot of each row (prompts are left-padded).
     index: int32 scalar, the slot the next token is written to; or int32 [B], one per row (rows
         at different points of their completions, one new token each).
@@ -38,6 +41,11 @@ class KVCache(NamedTuple):
     v_lbksh: tuple[jax.Array, ...]
     start_b: jax.Array
     index: jax.Array
+
+    @property
+    def slots(self) -> int:
+        """S: the cache slots of each row (over all blocks)."""
+        return sum(v.shape[2] for v in cache_blocks(self.v_lbksh[0]))
 
 
 def init_cache(cfg: DecoderConfig, batch: int, length: int, start_b=None, dtype=None) -> KVCache:
@@ -198,9 +206,11 @@ class Decoder(nnx.Module):
         `index` [B] takes T = 1 (decode).
         """
         b, t = tokens_bt.shape
-        s = cache.v_lbksh[0].shape[2]
-        if cache.index.ndim == 1 and t != 1:
-            raise ValueError(f"a per-row cache index takes one token per row, not {t}")
+        s = cache.slots
+        if t != 1 and (cache.index.ndim == 1 or isinstance(cache.v_lbksh[0], tuple)):
+            raise ValueError(
+                f"a per-row cache index or a cache in blocks takes one token per row, not {t}"
+            )
         index_b1 = jnp.broadcast_to(cache.index, (b,))[:, None]
         slots_bt = index_b1 + jnp.arange(t, dtype=jnp.int32)[None, :]
         key_slots_s = jnp.arange(s, dtype=jnp.int32)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import math
 
 import jax
@@ -125,7 +126,8 @@ def attend(
         fused kernels take, so ``implementation`` ("einsum", "cudnn", "splash" or "auto", see
         :func:`resolve_attention`) applies here.
 
-    Keys are [B, K, H, S] and values [B, K, S, H]: both products are then plain (not transposed)
+    Keys are [B, K, H, S] and values [B, K, S, H] (with a mask, also tuples of blocks along S:
+    a cache that grows in blocks, see `KVCache`): both products are then plain (not transposed)
     matmuls batched over (B, K), the layouts a decode step reads fastest from the cache. The
     kernels take [B, S, K, H]; XLA folds the transposes on the way.
     """
@@ -149,15 +151,29 @@ def attend(
 
 
 def _attend_einsum(q_btnh, k_bkhs, v_bksh, mask_bts) -> jax.Array:
+    """Keys and values as arrays, or as tuples of blocks along S (`cache_blocks`): the scores
+    of the blocks side by side under one softmax, the values' products summed."""
     b, t, n, h = q_btnh.shape
-    k = k_bkhs.shape[1]
+    k_blocks, v_blocks = cache_blocks(k_bkhs), cache_blocks(v_bksh)
+    k = k_blocks[0].shape[1]
     q_bkqth = q_btnh.reshape(b, t, k, n // k, h).transpose(0, 2, 3, 1, 4)
-    scores_bkqts = jnp.einsum(
-        "BKQTH,BKHS->BKQTS", q_bkqth, k_bkhs, preferred_element_type=jnp.float32
+    scores_bkqts = jnp.concatenate(
+        [
+            jnp.einsum("BKQTH,BKHS->BKQTS", q_bkqth, x, preferred_element_type=jnp.float32)
+            for x in k_blocks
+        ],
+        axis=-1,
     ) * (h**-0.5)
     scores_bkqts = jnp.where(mask_bts[:, None, None, :, :], scores_bkqts, _MASKED)
-    probs_bkqts = jax.nn.softmax(scores_bkqts, axis=-1).astype(v_bksh.dtype)
-    out_bkqth = jnp.einsum("BKQTS,BKSH->BKQTH", probs_bkqts, v_bksh)
+    probs_bkqts = jax.nn.softmax(scores_bkqts, axis=-1).astype(v_blocks[0].dtype)
+    starts = np.cumsum([0] + [x.shape[2] for x in v_blocks])
+    out_bkqth = functools.reduce(
+        jnp.add,
+        [
+            jnp.einsum("BKQTS,BKSH->BKQTH", probs_bkqts[..., a:z], x)
+            for x, a, z in zip(v_blocks, starts[:-1], starts[1:], strict=True)
+        ],
+    )
     return out_bkqth.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
@@ -233,6 +249,62 @@ def _attend_splash(q_btnh, k_bkhs, v_bksh, segment_ids_bt, interpret: bool = Fal
     )
 
 
+def cache_blocks(x) -> tuple[jax.Array, ...]:
+    """A layer's cached keys or values as a tuple of blocks along S (one: the array itself)."""
+    return x if isinstance(x, tuple) else (x,)
+
+
+def _write(k_bkhs, v_bksh, k_bkht, v_bkth, index):
+    """The T new keys and values written at slots [index, index + T): ``index`` a scalar, or
+    int32 [B] with T = 1 (row b writes at its own slot: a scatter along the rows)."""
+    zero = jnp.zeros((), jnp.int32)
+    k_bkht, v_bkth = k_bkht.astype(k_bkhs.dtype), v_bkth.astype(v_bksh.dtype)
+    if index.ndim == 0:  # every row writes at the same slot
+        return (
+            jax.lax.dynamic_update_slice(k_bkhs, k_bkht, (zero, zero, zero, index)),
+            jax.lax.dynamic_update_slice(v_bksh, v_bkth, (zero, zero, index, zero)),
+        )
+    return (
+        jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (zero, zero, i)))(
+            k_bkhs, k_bkht, index
+        ),
+        jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (zero, i, zero)))(
+            v_bksh, v_bkth, index
+        ),
+    )
+
+
+def _write_blocks(k_blocks, v_blocks, k_bkh1, v_bk1h, index):
+    """One new key and value per row written at slot index[b] (or the scalar ``index``) of a
+    cache in blocks along S: each block takes the rows whose slot it holds; in the others a
+    row writes back the value it already has (an update slice clamps its start, so it cannot
+    simply be skipped)."""
+    zero = jnp.zeros((), jnp.int32)
+    b = k_bkh1.shape[0]
+    index_b = jnp.broadcast_to(index, (b,))
+    new_k, new_v, offset = [], [], 0
+    for k_bkhs, v_bksh in zip(k_blocks, v_blocks, strict=True):
+        width = v_bksh.shape[2]
+        local_b = index_b - offset
+        inside_b = (local_b >= 0) & (local_b < width)
+        local_b = jnp.clip(local_b, 0, width - 1)
+
+        def put(c, x, i, inside, axis):
+            at = [zero] * c.ndim
+            at[axis] = i
+            old = jax.lax.dynamic_slice(c, at, x.shape)
+            return jax.lax.dynamic_update_slice(c, jnp.where(inside, x.astype(c.dtype), old), at)
+
+        new_k.append(
+            jax.vmap(lambda c, x, i, ok: put(c, x, i, ok, 2))(k_bkhs, k_bkh1, local_b, inside_b)
+        )
+        new_v.append(
+            jax.vmap(lambda c, x, i, ok: put(c, x, i, ok, 1))(v_bksh, v_bk1h, local_b, inside_b)
+        )
+        offset += width
+    return tuple(new_k), tuple(new_v)
+
+
 class Attention(nnx.Module):
     """Grouped-query self-attention with RoPE, optional q/k/v biases and an optional KV cache."""
 
@@ -304,28 +376,23 @@ class Attention(nnx.Module):
             k_bkhs, v_bksh, new_cache = k_bkht, v_bkth, None
         else:
             k_cache, v_cache = kv_cache
-            zero = jnp.zeros((), jnp.int32)
-            if cache_index.ndim == 0:  # every row writes at the same slot
-                k_bkhs = jax.lax.dynamic_update_slice(
-                    k_cache, k_bkht.astype(k_cache.dtype), (zero, zero, zero, cache_index)
-                )
-                v_bksh = jax.lax.dynamic_update_slice(
-                    v_cache, v_bkth.astype(v_cache.dtype), (zero, zero, cache_index, zero)
-                )
-            else:  # row b writes at its own slot cache_index[b] (a scatter along the rows)
-                k_bkhs = jax.vmap(
-                    lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (zero, zero, i))
-                )(k_cache, k_bkht.astype(k_cache.dtype), cache_index)
-                v_bksh = jax.vmap(
-                    lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (zero, i, zero))
-                )(v_cache, v_bkth.astype(v_cache.dtype), cache_index)
-            k_bkhs = ax.constrain(k_bkhs, (ax.BATCH, ax.ACT_KV_HEADS, None, ax.CACHE_LENGTH))
-            v_bksh = ax.constrain(v_bksh, (ax.BATCH, ax.ACT_KV_HEADS, ax.CACHE_LENGTH, None))
+            if isinstance(k_cache, tuple):  # blocks along S: each row writes in one of them
+                k_bkhs, v_bksh = _write_blocks(k_cache, v_cache, k_bkht, v_bkth, cache_index)
+            else:
+                k_bkhs, v_bksh = _write(k_cache, v_cache, k_bkht, v_bkth, cache_index)
+            k_bkhs = jax.tree.map(
+                lambda x: ax.constrain(x, (ax.BATCH, ax.ACT_KV_HEADS, None, ax.CACHE_LENGTH)),
+                k_bkhs,
+            )
+            v_bksh = jax.tree.map(
+                lambda x: ax.constrain(x, (ax.BATCH, ax.ACT_KV_HEADS, ax.CACHE_LENGTH, None)),
+                v_bksh,
+            )
             new_cache = (k_bkhs, v_bksh)
         out_btnh = attend(
             q_btnh,
-            k_bkhs.astype(cd),
-            v_bksh.astype(cd),
+            jax.tree.map(lambda x: x.astype(cd), k_bkhs),
+            jax.tree.map(lambda x: x.astype(cd), v_bksh),
             mask_bts=mask_bts,
             segment_ids_bt=segment_ids_bt,
             implementation=self.implementation,

@@ -76,12 +76,13 @@ class ShardingPlan:
         return jax.tree.map(drop_fsdp, param_shardings)
 
     def cache(self, cache: KVCache) -> KVCache:
-        """Shardings of a KV cache: rows over data x fsdp, KV heads over tensor."""
+        """Shardings of a KV cache (each block of one, see `KVCache`): rows over data x fsdp,
+        KV heads over tensor."""
         k = (ax.BATCH, ax.ACT_KV_HEADS, None, ax.CACHE_LENGTH)
         v = (ax.BATCH, ax.ACT_KV_HEADS, ax.CACHE_LENGTH, None)
         return KVCache(
-            k_lbkhs=tuple(self.named(k, x.shape) for x in cache.k_lbkhs),
-            v_lbksh=tuple(self.named(v, x.shape) for x in cache.v_lbksh),
+            k_lbkhs=jax.tree.map(lambda x: self.named(k, x.shape), cache.k_lbkhs),
+            v_lbksh=jax.tree.map(lambda x: self.named(v, x.shape), cache.v_lbksh),
             start_b=self.rows,
             index=self.rows if cache.index.ndim == 1 else self.replicated,  # per row, or one
         )

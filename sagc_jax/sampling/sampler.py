@@ -10,7 +10,9 @@ exact order of events, which `schedule.simulate` replays without a model).
   rows are gathered into the smallest rung of `schedule.row_rungs` that holds them as soon as
   they fit one (static sizes: one branch of the program each).
 - The cache grows in phases (`schedule.phase_slots`) so an iteration attends over about the
-  tokens so far; the rows of the smaller rungs (the tail) decode over a cache of full width.
+  tokens so far: a phase appends a block of slots (a layer's keys and values are a tuple of
+  blocks, see `KVCache`), so no slot already written is copied. The rows of the smaller rungs
+  (the tail) decode over one array of full width.
 
 Phases and rungs are unrolled in one trace: one compiled program per (rollouts, slots, prompts,
 prompt bucket, max_new_tokens). The model is split into graphdef (static) and state (arrays),
@@ -35,6 +37,7 @@ import numpy as np
 from flax import nnx
 
 from sagc_jax.models import Decoder, DecoderConfig, KVCache, init_cache
+from sagc_jax.models.layers import cache_blocks
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.sampling.functions import sample_token
 from sagc_jax.sampling.schedule import phase_slots, resolve_chunk, row_rungs
@@ -103,6 +106,14 @@ class _Run(NamedTuple):
     steps: jax.Array
     rows: jax.Array
     done_g: jax.Array  # int32 [P]: rollouts of each prompt done (counted with keep_groups only)
+
+
+def _in_first_block(x, update):
+    """A layer's keys or values with ``update`` applied to their first block (a prompt's slots,
+    which the first phase's cache holds)."""
+    if not isinstance(x, tuple):
+        return update(x)
+    return (update(x[0]), *x[1:])
 
 
 def _take_rows(tree, idx):
@@ -341,14 +352,33 @@ class Sampler:
         return jax.lax.with_sharding_constraint(cache, self.plan.cache(cache))
 
     def _grow(self, cache: KVCache, slots: int) -> KVCache:
-        """`cache` padded with zero slots at the end up to `slots` (what the next phase uses;
-        slots past a row's index are masked, so their content is never read)."""
-        extra = slots - cache.v_lbksh[0].shape[2]
+        """`cache` with a zero block appended up to `slots` slots (the next phase's cache): the
+        slots already written stay where they are, nothing is copied (slots past a row's
+        index are masked, so their content is never read)."""
+        zero = init_cache(self.config, cache.start_b.shape[0], slots - cache.slots)
         return self._constrain(
             cache._replace(
-                k_lbkhs=tuple(jnp.pad(k, ((0, 0),) * 3 + ((0, extra),)) for k in cache.k_lbkhs),
+                k_lbkhs=tuple(
+                    (*cache_blocks(k), z) for k, z in zip(cache.k_lbkhs, zero.k_lbkhs, strict=True)
+                ),
                 v_lbksh=tuple(
-                    jnp.pad(v, ((0, 0),) * 2 + ((0, extra), (0, 0))) for v in cache.v_lbksh
+                    (*cache_blocks(v), z) for v, z in zip(cache.v_lbksh, zero.v_lbksh, strict=True)
+                ),
+            )
+        )
+
+    def _joined(self, cache: KVCache, slots: int) -> KVCache:
+        """`cache` as one array per layer of `slots` slots: its blocks, then zeros."""
+        zero = init_cache(self.config, cache.start_b.shape[0], slots - cache.slots)
+        return self._constrain(
+            cache._replace(
+                k_lbkhs=tuple(
+                    jnp.concatenate((*cache_blocks(k), z), axis=3)
+                    for k, z in zip(cache.k_lbkhs, zero.k_lbkhs, strict=True)
+                ),
+                v_lbksh=tuple(
+                    jnp.concatenate((*cache_blocks(v), z), axis=2)
+                    for v, z in zip(cache.v_lbksh, zero.v_lbksh, strict=True)
                 ),
             )
         )
@@ -443,14 +473,20 @@ class Sampler:
                 run = flush(run, leaving, valid_j)
             prompt_j = prompt_index_r[jnp.minimum(rollout_j, n - 1)]
             token_j, logprob_j = draw(logits_pv[prompt_j], rollout_j, jnp.zeros_like(rollout_j))
+
+            def copy_in(x, prompt_x, slots_axis: int):
+                """A layer's keys or values with the prompts' in the slots s_j."""
+                at = (s_j, *(slice(None),) * (slots_axis - 1), slice(0, prompt_len))
+                return _in_first_block(x, lambda b: b.at[at].set(prompt_x[prompt_j], mode="drop"))
+
             cache = self._constrain(
                 KVCache(
                     k_lbkhs=tuple(
-                        k.at[s_j, :, :, :prompt_len].set(pk[prompt_j], mode="drop")
+                        copy_in(k, pk, 3)
                         for k, pk in zip(cache.k_lbkhs, prompt_cache.k_lbkhs, strict=True)
                     ),
                     v_lbksh=tuple(
-                        v.at[s_j, :, :prompt_len].set(pv[prompt_j], mode="drop")
+                        copy_in(v, pv, 2)
                         for v, pv in zip(cache.v_lbksh, prompt_cache.v_lbksh, strict=True)
                     ),
                     start_b=cache.start_b.at[s_j].set(start_p[prompt_j], mode="drop"),
@@ -562,7 +598,7 @@ class Sampler:
 
             def take():
                 idx_b = jnp.argsort(~slots.live_s, stable=True)[:rows]
-                part = self._grow(self._constrain(_take_rows(cache, idx_b)), width)
+                part = self._joined(self._constrain(_take_rows(cache, idx_b)), width)
                 return part, _take_rows(slots, idx_b)
 
             def empty():
@@ -583,9 +619,9 @@ class Sampler:
             Returns (tail cache, tail slots, run): rungs[1] rows in a cache of full width (run
             alone without a tail). The phases run in sequence, not nested in conditionals: a
             conditional's operands stay allocated while it runs, so nesting would hold every
-            phase's cache at once (about half the phases' full cache in all); in sequence only
-            the grown cache and the one it grows from are held. Once no row runs, or the rows
-            are in the tail, the later phases only grow the cache and test their loop."""
+            phase's cache at once. A phase appends a block to the cache (`_grow`), so once no
+            row runs, or the rows are in the tail, a later phase costs only its zero block and
+            a test of its loop."""
             keep = (lambda live, run: ~in_tail(live, run)) if tail else (lambda *_: True)
             slots = run.slots
             for phase, cap in enumerate(caps_p):

@@ -26,7 +26,7 @@ from sagc_jax.models import axes as ax
 from sagc_jax.models.hf_checkpoint import hf_architecture
 from sagc_jax.models.lora import LoRAParam
 from sagc_jax.parallel import BATCH_AXES, MESH_AXES, RULES, mesh_shape
-from sagc_jax.sampling.schedule import phase_slots, resolve_chunk
+from sagc_jax.sampling.schedule import row_rungs
 from sagc_jax.sim.roofline import (
     HARDWARE,
     MEASURED,
@@ -230,15 +230,17 @@ def memory_plan(
     cache = jax.ShapeDtypeStruct((decoded, arch.num_kv_heads, arch.head_dim, width), cd)
     per_layer = _shard_bytes(cache, (ax.BATCH, ax.ACT_KV_HEADS, None, ax.CACHE_LENGTH), mesh)
     total_cache = 2 * arch.num_layers * math.prod(cache.shape) * cache.dtype.itemsize
-    # The sampler grows the cache phase by phase (sampling.decode_chunk): while the last phase's
-    # cache is made, the one it grows from is held too.
-    new = cfg.sampling.max_new_tokens
-    caps = phase_slots(new, resolve_chunk(new, cfg.sampling.decode_chunk))
-    growth = (2 * width - (caps[-1] - caps[-2])) / width if len(caps) > 1 else 1.0
+    # The sampler grows the cache in blocks, phase by phase (nothing copied); the rows that leave
+    # for the tail are copied into a cache of their own (the second rung's rows, full width)
+    # while the all-slots cache is still held.
+    tail = 0  # rows that leave for the tail (none where the rows do not split over the shards)
+    if decoded and decoded % batch_shards == 0:
+        tail = (row_rungs(decoded, cfg.sampling.row_buckets, batch_shards) + (0,))[1]
+    growth = 1 + tail / decoded if decoded else 1.0
     detail = (
         f"G = {g}: {decoded} of {rows} rollouts decoding at once (sampling.slots) x {width} "
         f"slots x {arch.num_layers} layers"
-        + (f", x{growth:.2f} while the last decode phase grows it" if len(caps) > 1 else "")
+        + (f", x{growth:.2f} while the tail's {tail} rows are copied out" if tail else "")
     )
     per_device = round(growth * 2 * arch.num_layers * per_layer)
     items.append(Item("KV cache", detail, per_device, round(growth * total_cache)))
@@ -269,7 +271,9 @@ def memory_plan(
 def auto_slots(cfg: Config, num_devices: int, device_bytes: int, share: float = 0.9) -> int:
     """``sampling.slots: auto``: the most rows of the largest candidate G's rollouts whose KV
     cache fits ``share`` of ``device_bytes`` per device beside everything else `memory_plan`
-    counts, a multiple of the mesh's batch shards (at most every rollout)."""
+    counts, a multiple of the mesh's batch shards (at most every rollout); with a tail
+    (``sampling.row_buckets`` > 1), an even number of rows per device, so that half the slots
+    is a rung and the KV cache's share per row is the one counted here."""
     g = max(make_controller(cfg.controller).candidates)
     rollouts = prompts_for(cfg, g) * g
     sizes = mesh_shape(cfg.mesh, num_devices)
@@ -279,6 +283,8 @@ def auto_slots(cfg: Config, num_devices: int, device_bytes: int, share: float = 
     per_row = kv.per_device / (rollouts // shards)  # bytes of one row's cache on its device
     rest = plan.during("sampling") - kv.per_device
     rows_per_device = min(int((share * device_bytes - rest) // per_row), rollouts // shards)
+    if cfg.sampling.row_buckets > 1 and rows_per_device > 1:
+        rows_per_device -= rows_per_device % 2
     if rows_per_device < 1:
         raise ConfigError(
             f"sampling.slots = auto: not one row's KV cache ({per_row / GIB:.2f} GiB) fits "
