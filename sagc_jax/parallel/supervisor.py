@@ -15,6 +15,10 @@ The child runs in its own session, so a signal reaches it once, through the pare
 the terminal goes to the parent's group only; a second SIGINT would mean "stop now" to the
 trainer); it dies with the parent (``PR_SET_PDEATHSIG`` on Linux). Standard output is shared as
 it is; the child's exit code becomes the parent's (a signal death is repeated on the parent).
+
+``sagc-jax train`` uses it in two steps: :func:`should_supervise` tells the parent to rerun its
+own command under :func:`supervise` (:func:`rerun_supervised`); the child trains through
+:func:`run_rank`, which starts jax.distributed and watches the other processes.
 """
 
 from __future__ import annotations
@@ -39,8 +43,18 @@ _COORDINATOR_GONE = (b"Failed to send RPC to coordination service", b"leader tas
 _STATUS = re.compile(rb"absl::Status: ([^.\n]*)")
 
 
-def is_child() -> bool:
-    return os.environ.get(CHILD_ENV) == "1"
+def should_supervise(coordinator: str | None, num_processes: int | None) -> bool:
+    """Whether a train process with these flags (``--coordinator``, ``--num-processes``) is one
+    of several (or may be: ``auto``) and not yet the supervised child: it then reruns itself
+    under :func:`supervise` instead of training."""
+    if os.environ.get(CHILD_ENV) == "1":
+        return False
+    if coordinator is not None:
+        return num_processes != 1
+    return (
+        bool(os.environ.get("JAX_COORDINATOR_ADDRESS"))
+        and os.environ.get("JAX_NUM_PROCESSES") != "1"
+    )
 
 
 def _die_with_parent() -> None:
@@ -101,3 +115,54 @@ def supervise(command: Sequence[str], num_processes: int | None, line: Callable[
             signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code
+
+
+def rerun_supervised(
+    argv: Sequence[str], num_processes: int | None, line: Callable[[str], str]
+) -> int:
+    """This process's command (``argv``: ``train ...``) rerun by :func:`supervise` in a child
+    process, so that the runtime's abort when process 0 dies ends in one line (exit code 4) here
+    too. ``num_processes``: the flag's, else ``$JAX_NUM_PROCESSES`` (None: unknown)."""
+    if num_processes is None and (env := os.environ.get("JAX_NUM_PROCESSES", "")).isdigit():
+        num_processes = int(env)
+    return supervise([sys.executable, "-m", "sagc_jax", *argv], num_processes, line)
+
+
+def run_rank(
+    train: Callable[[], int],
+    report: Callable[[str], str],
+    *,
+    coordinator: str | None,
+    num_processes: int | None,
+    process_id: int | None,
+    peer_timeout: float,
+    stopped: Callable[[], bool],
+    bad_input: Callable[[], tuple[type[Exception], ...]],
+) -> int:
+    """``train()`` as one process of the run (or the only one): jax.distributed started before
+    any device use; the other processes watched (one that dies, stops or fails ends this one
+    with the line ``report(what)`` and :data:`EXIT_PEER_LOST`); this process's own end left for
+    them to read. ``stopped()``: whether a stop signal has arrived (an error then means STOPPED,
+    not FAILED); an error of a ``bad_input()`` type is this process's own, raised without
+    waiting to hear of the others."""
+    from sagc_jax.parallel.distributed import DONE, FAILED, STOPPED, initialize, watch_peers
+
+    initialize(coordinator, num_processes, process_id, peer_timeout)
+    watch = watch_peers(peer_timeout, report)
+    mark = FAILED  # what the other processes learn of this one's end
+    try:
+        code = train()
+        mark = DONE
+        return code
+    except Exception as err:
+        if stopped():
+            mark = STOPPED  # main() ends this process at once
+        elif watch is not None and not isinstance(err, bad_input()):
+            watch.explain()  # exits when another process died, stopped or failed
+        raise
+    except BaseException:  # Interrupted: main() ends this process at once
+        mark = STOPPED
+        raise
+    finally:
+        if watch is not None:
+            watch.finish(mark)

@@ -1,0 +1,51 @@
+"""``sagc-jax compare``: train under several controllers side by side and tabulate the results
+(``sagc_jax.analysis.compare``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from sagc_jax.commands.common import (
+    UserError,
+    add_config_args,
+    add_timing_args,
+    run_dir,
+    timing_overrides,
+)
+from sagc_jax.config import load_config, parse_controller_spec
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "compare",
+        help="train under several controllers side by side and tabulate the results",
+        description="Runs the config once per controller and seed, one after the other (seed "
+        "by seed, every controller in turn, so that a drift of the machine's speed falls on "
+        "all alike), into one directory; writes compare.md, compare.csv and PNG plots.",
+    )
+    add_config_args(p, config_required=True)
+    p.add_argument(
+        "--controllers",
+        default="fixed:4,fixed:8,fixed:16,sagc,sagc_plus",
+        help="comma-separated controller specs (default: %(default)s)",
+    )
+    p.add_argument("--seeds", type=int, default=1, help="seeds per controller")
+    p.add_argument("--steps", type=int, default=None, help="step budget (default: train.steps)")
+    add_timing_args(p)
+    p.set_defaults(func=cmd_compare)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from sagc_jax.analysis.compare import compare, format_tables
+
+    cfg = load_config(args.config, timing_overrides(args))
+    controllers = [c.strip() for c in args.controllers.split(",") if c.strip()]
+    for spec in controllers:
+        parse_controller_spec(spec)
+    if args.seeds < 1 or (args.steps is not None and args.steps < 1):
+        raise UserError(f"--seeds {args.seeds} / --steps {args.steps}: both must be >= 1")
+    out_dir = run_dir(cfg, args.config, "compare")
+    result = compare(cfg, controllers, args.seeds, args.steps, out_dir, cfg.logging.progress)
+    print(format_tables(result))
+    print(f"wrote compare.md, compare.csv, runs.csv and plots to {out_dir}")
+    return 0
