@@ -39,7 +39,7 @@ def _add_common(parser: argparse.ArgumentParser, config_required: bool = False) 
         action="append",
         default=[],
         metavar="SECTION.KEY=VALUE",
-        help="override one config value (repeatable), e.g. --set controller.sagc.delta=0.2",
+        help="override one config value (repeatable), e.g. --set controller.delta=0.2",
     )
 
 
@@ -108,11 +108,11 @@ def _compare_and_report(args, workload_factory, command: str):
     (out_dir / "table.md").write_text(table + "\n")
     written = write_csv(runs, rows, out_dir)
     if cfg.logging.plots:
-        written += write_plots(runs, out_dir, cfg.controller.sagc.delta)
-    sagc = cfg.controller.sagc
+        written += write_plots(runs, out_dir, cfg.controller.delta)
+    c = cfg.controller
     print(
-        f"{command}: {workload.num_steps} steps, tau={sagc.tau}, delta={sagc.delta}, "
-        f"scope={sagc.scope}, candidates={list(sagc.candidates)}"
+        f"{command}: {workload.num_steps} steps, tau={c.tau}, delta={c.delta}, "
+        f"scope={c.scope}, candidates={list(c.candidates)}"
     )
     print(table)
     print(f"wrote {len(written)} files to {out_dir}")
@@ -128,8 +128,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
         cfg = load_config(args.config, _timing_overrides(args))
         print(
-            f"over {args.seeds} seeds (sim.seed and controller.sagc.seed + 0..{args.seeds - 1}, "
-            "mean +- std; the last two columns paired against sagc):"
+            f"over {args.seeds} seeds (sim.seed and controller.sagc/hybrid.seed + "
+            f"0..{args.seeds - 1}, mean +- std; the last two columns paired against sagc):"
         )
         print(format_seed_table(run_seeds(cfg, args.seeds, timer), timer.label))
     return 0
@@ -549,7 +549,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _run_ladder_and_budget(run: Path) -> tuple[tuple[int, ...], float | None]:
-    """(``controller.sagc.candidates``, ``controller.sagc.delta``) of the config saved with the
+    """(``controller.candidates``, ``controller.delta``) of the config saved with the
     newest checkpoint of ``run``, read without verifying or moving anything (the run may still
     be training); ((), None) when there is no checkpoint or its config no longer loads."""
     from sagc_jax.config import from_dict
@@ -563,12 +563,12 @@ def _run_ladder_and_budget(run: Path) -> tuple[tuple[int, ...], float | None]:
         step = store.latest_step()
         if step is None:
             return (), None
-        sagc = from_dict(store.read_meta(step)["config"]).controller.sagc
+        controller = from_dict(store.read_meta(step)["config"]).controller
     except (ConfigError, OSError, KeyError, ValueError):  # unreadable, or keys since removed
         return (), None
     finally:
         store.close()
-    return sagc.candidates, sagc.delta
+    return controller.candidates, controller.delta
 
 
 def cmd_report(args: argparse.Namespace) -> int:
