@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from sagc_jax.config import HybridConfig, SimConfig
+from sagc_jax.config import HybridConfig
 from sagc_jax.controller import (
     FixedGroupController,
     HybridController,
@@ -28,6 +28,7 @@ from sagc_jax.controller import (
     SAGCPlusController,
 )
 from sagc_jax.sim import SyntheticWorkload
+from sagc_jax.sim.config import SimConfig
 
 
 def time_cycles(make, lengths_by_g, cycles: int, repeats: int = 5) -> float:
@@ -81,8 +82,8 @@ def main() -> None:
     args = parser.parse_args()
     workload = SyntheticWorkload(SimConfig(prompts_per_step=args.groups))
     lengths_by_g = {g: [workload.lengths(t, g) for t in range(50)] for g in (4, 8, 16)}
-    sagc = time_cycles(lambda: SAGCController(SAGCConfig(seed=0)), lengths_by_g, args.cycles)
-    plus = time_cycles(lambda: SAGCPlusController(SAGCConfig()), lengths_by_g, args.cycles)
+    sagc = time_cycles(lambda: SAGCController(config=SAGCConfig(seed=0)), lengths_by_g, args.cycles)
+    plus = time_cycles(lambda: SAGCPlusController(), lengths_by_g, args.cycles)
     fixed = time_cycles(lambda: FixedGroupController(16), lengths_by_g, args.cycles)
     print(
         f"controller cycle ({args.groups} groups, G in 4/8/16, {platform.processor() or 'cpu'}): "
@@ -94,7 +95,7 @@ def main() -> None:
     timings = {}
     for mode in ("step", "per_prompt"):
         timings[mode] = time_prompt_aware(
-            lambda mode=mode: HybridController(SAGCConfig(seed=0), HybridConfig(mode=mode)),
+            lambda mode=mode: HybridController(hybrid=HybridConfig(seed=0, mode=mode)),
             steps,
             args.hybrid_cycles,
         )

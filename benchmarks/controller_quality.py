@@ -42,8 +42,9 @@ import time
 import numpy as np
 
 from sagc_jax.analysis.study import mean_ci
-from sagc_jax.config import Config, SAGCConfig, SimConfig, load_config
+from sagc_jax.config import ControllerConfig, HybridConfig, SAGCConfig, load_config
 from sagc_jax.controller import make_controller
+from sagc_jax.sim.config import SimConfig
 from sagc_jax.sim.runner import run_controller
 from sagc_jax.sim.steptime import StepTimer
 from sagc_jax.sim.worlds import TailWorld, WorkloadWorld, oracle, play_cut, rates_table
@@ -78,9 +79,13 @@ def play(spec: str, world, delta: float, seed: int, keep: int | None = None):
     """``(G_t, s_t, read_t)`` of one controller over the world; ``keep``: tail batching, every
     step cut once that many groups are whole (``worlds.play_cut``; spec ``X:naive`` reads the
     cut lengths as complete)."""
-    cfg = Config()
-    sagc = SAGCConfig(candidates=CANDIDATES, tau=TAU, delta=delta, seed=seed)
-    controller_cfg = dataclasses.replace(cfg.controller, sagc=sagc)
+    controller_cfg = ControllerConfig(
+        candidates=CANDIDATES,
+        tau=TAU,
+        delta=delta,
+        sagc=SAGCConfig(seed=seed),
+        hybrid=HybridConfig(seed=seed),
+    )
     name, _, reading = spec.partition(":")
     controller = make_controller(name, controller_cfg)
     if keep is not None:

@@ -1,9 +1,11 @@
 """Run configuration: frozen dataclasses, one per section, loaded from YAML with overrides.
 
 A config file is a YAML mapping of sections (``model``, ``sampling``, ``loss``, ``controller``,
-``train``, ``data``, ``mesh``, ``logging``, ``sim``); every key is optional and falls back to the
-default below. ``--set section.key=value`` overrides are applied on top, their values parsed as
-YAML scalars (``--set controller.sagc.candidates=[2,4,8]`` works).
+``train``, ``data``, ``mesh``, ``logging``, ``sim``; ``sim`` is defined beside the simulator, in
+``sagc_jax/sim/config.py``); every key is optional and falls back to the default below.
+``--set section.key=value`` overrides are applied on top, their values parsed as YAML scalars
+(``--set controller.candidates=[2,4,8]`` works). A key that moved (:data:`MOVED_KEYS`) fails
+naming its new key.
 
 Every field declares what it accepts through :func:`option` (``ge``/``gt``/``le``/``lt`` bounds,
 ``choices``); cross-field rules live in ``__post_init__``. Anything wrong raises
@@ -24,6 +26,9 @@ from typing import Any
 
 import yaml
 
+from sagc_jax.config_base import ConfigError, Section, describe_bounds, option
+from sagc_jax.sim.config import SimConfig  # the sim: section, beside the simulator
+
 __all__ = [
     "Config",
     "ConfigError",
@@ -38,9 +43,9 @@ __all__ = [
     "MeshConfig",
     "ModelConfig",
     "SAGCConfig",
+    "SAGCPlusConfig",
     "SFTConfig",
     "SamplingConfig",
-    "SimConfig",
     "TrainConfig",
     "from_dict",
     "load_config",
@@ -51,90 +56,6 @@ __all__ = [
 ]
 
 
-class ConfigError(ValueError):
-    """A configuration value is unknown, mis-typed or out of range (message is one line)."""
-
-
-def option(
-    default: Any,
-    *,
-    ge=None,
-    gt=None,
-    le=None,
-    lt=None,
-    choices=None,
-    help: str = "",
-    resumable: bool | None = None,
-    warm_start: bool | None = None,
-    params: bool = False,
-):
-    """A dataclass field with a default, bounds and allowed choices, checked on construction.
-
-    What a change of the key means for saved work (:func:`changed_keys`):
-    resumable: a resumed ``train`` run may change it (None: the section's ``_resumable``);
-    warm_start: it shapes the ``sft`` warm start, so a changed value is neither reused nor
-    resumed (None: the section's ``_warm_start``);
-    params: it shapes the stored parameters (a config differing in it cannot load a run's).
-    """
-    if isinstance(default, list | dict):
-        raise TypeError("use tuples for sequence defaults: configs are frozen")
-    meta = {"ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "help": help}
-    meta.update(resumable=resumable, warm_start=warm_start, params=params)
-    return dataclasses.field(default=default, metadata=meta)
-
-
-def _describe_bounds(meta: dict) -> str:
-    parts = []
-    for key, sym in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
-        if meta.get(key) is not None:
-            parts.append(f"{sym} {meta[key]}")
-    return " and ".join(parts)
-
-
-def _check_scalar(key: str, value: Any, meta: dict) -> None:
-    choices = meta.get("choices")
-    if choices is not None and value not in choices:
-        raise ConfigError(f"{key} = {value!r} is not allowed; choose one of {list(choices)}")
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        ok = (
-            (meta.get("ge") is None or value >= meta["ge"])
-            and (meta.get("gt") is None or value > meta["gt"])
-            and (meta.get("le") is None or value <= meta["le"])
-            and (meta.get("lt") is None or value < meta["lt"])
-        )
-        if not ok:
-            raise ConfigError(
-                f"{key} = {value!r} is out of range; allowed: {_describe_bounds(meta)}"
-            )
-
-
-def _validate_fields(obj: Any, prefix: str) -> None:
-    """Check every field of a config dataclass against its ``option`` metadata."""
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        key = f"{prefix}{f.name}"
-        if isinstance(value, tuple):
-            for item in value:
-                _check_scalar(key, item, f.metadata)
-        elif value is not None:
-            _check_scalar(key, value, f.metadata)
-
-
-class _Section:
-    """Mixin: validates option bounds on construction; subclasses add cross-field rules."""
-
-    _prefix = ""
-    _resumable = False  # the default of its options' ``resumable``
-    _warm_start = False  # the default of its options' ``warm_start``
-
-    def __post_init__(self) -> None:
-        _validate_fields(self, self._prefix)
-        self.check()
-
-    def check(self) -> None:
-        """Cross-field rules; raise ConfigError."""
-
-
 # --------------------------------------------------------------------------- sections
 
 # Projections LoRA can adapt (models.architecture.LORA_TARGETS; this module imports no jax).
@@ -142,7 +63,7 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig(_Section):
+class ModelConfig(Section):
     """Which policy to train: a preset architecture or a local Hugging Face checkpoint."""
 
     _prefix = "model."
@@ -213,7 +134,7 @@ class ModelConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplingConfig(_Section):
+class SamplingConfig(Section):
     """Rollout sampling."""
 
     _prefix = "sampling."
@@ -285,7 +206,7 @@ class SamplingConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class LossConfig(_Section):
+class LossConfig(Section):
     """Policy-gradient objective."""
 
     _prefix = "loss."
@@ -307,50 +228,52 @@ class LossConfig(_Section):
     max_sampling_rounds: int = option(3, ge=1, help="rollout rounds per step with dynamic sampling")
 
 
-@dataclasses.dataclass(frozen=True)
-class SAGCConfig(_Section):
-    """Knobs of Straggler-Aware Group Control (see docs/controller.md, "Choosing delta and tau").
+HYBRID_MODES = ("step", "per_prompt")
 
-    candidates: the ladder of group sizes, strictly increasing.
-    delta: target long-run straggler observation E[s_t].
-    tau: a group straggles when max/median of its lengths exceeds tau.
-    scope: ``group`` (s_t = fraction of straggling groups) or ``batch`` (0/1 over the whole step).
+
+def parse_controller_spec(spec: str) -> tuple[str, int | str | None]:
+    """A controller spec string as ``(kind, argument)``; anything else is a ConfigError.
+
+    ``'sagc'`` -> ("sagc", None); ``'sagc_plus'`` -> ("sagc_plus", None); ``'fixed:8'`` ->
+    ("fixed", 8); ``'hybrid'`` -> ("hybrid", None) (the mode of ``controller.hybrid.mode``);
+    ``'hybrid:step'`` -> ("hybrid", "step"); ``'hybrid:per_prompt'`` -> ("hybrid", "per_prompt").
+    """
+    kind, sep, arg = spec.partition(":")
+    if kind in ("sagc", "sagc_plus") and not sep:
+        return kind, None
+    if kind == "fixed" and arg.isdigit() and int(arg) >= 1:
+        return "fixed", int(arg)
+    if kind == "hybrid" and not sep:
+        return "hybrid", None
+    if kind == "hybrid" and arg in HYBRID_MODES:
+        return "hybrid", arg
+    raise ConfigError(
+        f"controller spec {spec!r} is not allowed; use 'sagc', 'sagc_plus', 'fixed:<G>' with "
+        f"G >= 1, "
+        f"'hybrid', 'hybrid:step' or 'hybrid:per_prompt'"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class SAGCConfig(Section):
+    """Knobs of the paper's SAGC (``controller.kind: sagc``): its dual variable and Thompson
+    sampling; the ladder, the straggler definition and the budget are ``controller.*``.
+
     eta: dual step size of lambda; lambda_max: its upper clip.
-    gamma: forgetting factor of the Beta posteriors (memory about 1/(1-gamma) steps).
+    posterior_gamma: forgetting factor of the Beta posteriors (memory about 1/(1-gamma) steps).
     alpha0, beta0: Beta prior of every candidate's straggler probability.
     radius: G moves at most this many rungs of the ladder per step.
-    g_init: the G of the first step (None: the middle rung).
     seed: seed of the Thompson-sampling generator.
     """
 
     _prefix = "controller.sagc."
-    candidates: tuple[int, ...] = option(
-        (4, 8, 16), ge=1, help="the ladder of group sizes G, strictly increasing"
-    )
-    delta: float = option(
-        0.3,
-        gt=0.0,
-        lt=1.0,
-        help="straggler budget: the target long-run share of straggling groups E[s_t]",
-    )
-    tau: float = option(
-        3.0,
-        gt=1.0,
-        help="a group straggles when the max/median of its completion lengths exceeds tau",
-    )
-    scope: str = option(
-        "group",
-        choices=("group", "batch"),
-        help="group: s_t = share of the step's groups that straggle; batch: 0/1 over the "
-        "whole step",
-    )
     eta: float = option(1.0, gt=0.0, help="step size of the dual variable lambda")
     lambda_max: float = option(20.0, gt=0.0, help="upper clip of lambda")
-    gamma: float = option(
+    posterior_gamma: float = option(
         0.95,
         gt=0.0,
         le=1.0,
-        help="forgetting factor of the Beta posteriors (memory of about 1/(1-gamma) steps)",
+        help="per-step forgetting of the Beta posteriors (memory of about 1/(1-gamma) steps)",
     )
     alpha0: float = option(
         1.0, gt=0.0, help="Beta prior of every candidate's straggler probability: alpha"
@@ -359,36 +282,23 @@ class SAGCConfig(_Section):
         1.0, gt=0.0, help="Beta prior of every candidate's straggler probability: beta"
     )
     radius: int = option(1, ge=1, help="G moves at most this many rungs of the ladder per step")
-    g_init: int | None = option(
-        None, ge=1, help="G of the first step (a candidate); null: the middle rung"
-    )
     seed: int = option(0, ge=0, help="seed of the Thompson-sampling generator")
-
-    def check(self) -> None:
-        c = list(self.candidates)
-        if not c or c != sorted(set(c)):
-            raise ConfigError(
-                f"{self._prefix}candidates = {c} must be a non-empty, strictly increasing list"
-            )
-        if self.g_init is not None and self.g_init not in self.candidates:
-            raise ConfigError(
-                f"{self._prefix}g_init = {self.g_init} is not a candidate; allowed: {c}"
-            )
 
 
 @dataclasses.dataclass(frozen=True)
-class HybridConfig(_Section):
+class HybridConfig(SAGCConfig):
     """Knobs of the prompt-aware hybrid controller (``controller.kind: hybrid``).
 
-    It shares SAGC's ladder, tau, delta, dual variable and Thompson machinery
-    (``controller.sagc.*``) and adds a per-prompt straggle predictor; see
-    ``sagc_jax/controller/hybrid.py``.
+    It is SAGC with a per-prompt straggle predictor (``sagc_jax/controller/hybrid.py``): it has
+    every knob of ``controller.sagc``, with the same defaults, read from this section (its
+    ``posterior_gamma`` also forgets the predictor's feature-bin and global counts), and adds the
+    predictor's. The ladder, the straggler definition and the budget are ``controller.*``.
     """
 
     _prefix = "controller.hybrid."
     mode: str = option(
         "step",
-        choices=("step", "per_prompt"),
+        choices=HYBRID_MODES,
         help="step: one G per step, Thompson draws conditioned on the step's prompts; "
         "per_prompt: a group size per prompt, the sizes summing to the rollout budget",
     )
@@ -432,12 +342,10 @@ class HybridConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class SAGCPlusConfig(_Section):
-    """Knobs of SAGC+, the improved SAGC (``controller.kind: sagc_plus``; docs/controller.md).
-
-    It shares the straggler definition and the budget with the paper's SAGC (``controller.sagc``:
-    candidates, tau, scope, delta, g_init) and replaces how the budget is kept; see
-    ``sagc_jax/controller/sagc_plus.py``.
+class SAGCPlusConfig(Section):
+    """Knobs of SAGC+, the improved SAGC (``controller.kind: sagc_plus``; docs/controller.md):
+    how it keeps the budget; the ladder, the straggler definition and the budget are
+    ``controller.*``. See ``sagc_jax/controller/sagc_plus.py``.
     """
 
     _prefix = "controller.sagc_plus."
@@ -446,7 +354,7 @@ class SAGCPlusConfig(_Section):
         ge=1.0,
         help="trials (groups) a rung's estimate remembers at most; older ones are scaled away",
     )
-    gamma: float = option(
+    trial_gamma: float = option(
         0.9, gt=0.0, le=1.0, help="per-step forgetting of every rung's trial counts"
     )
     prior_strength: float = option(
@@ -463,9 +371,12 @@ class SAGCPlusConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class ControllerConfig(_Section):
-    """Which group-size controller runs: the paper's SAGC, SAGC+ (the improved SAGC), the
-    prompt-aware hybrid or a fixed G baseline."""
+class ControllerConfig(Section):
+    """Which group-size controller runs (the paper's SAGC, SAGC+ the improved SAGC, the
+    prompt-aware hybrid or a fixed G baseline), and the straggler budget every one of them
+    shares (see docs/controller.md, "Choosing delta and tau"): the ladder of G, what a
+    straggler is (tau, scope; the fixed baseline measures it too), the budget delta and the
+    first G. Each controller's own knobs are in its subsection."""
 
     _prefix = "controller."
     kind: str = option(
@@ -475,13 +386,47 @@ class ControllerConfig(_Section):
         "prompt-aware; fixed: controller.group_size every step",
     )
     group_size: int = option(8, ge=1, help="G of the fixed baseline (kind: fixed)")
+    candidates: tuple[int, ...] = option(
+        (4, 8, 16), ge=1, help="the ladder of group sizes G, strictly increasing"
+    )
+    delta: float = option(
+        0.3,
+        gt=0.0,
+        lt=1.0,
+        help="straggler budget: the target long-run share of straggling groups E[s_t]",
+    )
+    tau: float = option(
+        3.0,
+        gt=1.0,
+        help="a group straggles when the max/median of its completion lengths exceeds tau",
+    )
+    scope: str = option(
+        "group",
+        choices=("group", "batch"),
+        help="group: s_t = share of the step's groups that straggle; batch: 0/1 over the "
+        "whole step",
+    )
+    g_init: int | None = option(
+        None, ge=1, help="G of the first step (a candidate); null: the middle rung"
+    )
     sagc: SAGCConfig = dataclasses.field(default_factory=SAGCConfig)
     sagc_plus: SAGCPlusConfig = dataclasses.field(default_factory=SAGCPlusConfig)
     hybrid: HybridConfig = dataclasses.field(default_factory=HybridConfig)
 
+    def check(self) -> None:
+        c = list(self.candidates)
+        if not c or c != sorted(set(c)):
+            raise ConfigError(
+                f"{self._prefix}candidates = {c} must be a non-empty, strictly increasing list"
+            )
+        if self.g_init is not None and self.g_init not in self.candidates:
+            raise ConfigError(
+                f"{self._prefix}g_init = {self.g_init} is not a candidate; allowed: {c}"
+            )
+
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig(_Section):
+class TrainConfig(Section):
     """The RL loop: batch shape, optimizer, update schedule, checkpoints and evaluation."""
 
     _prefix = "train."
@@ -582,7 +527,7 @@ class TrainConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class SFTConfig(_Section):
+class SFTConfig(Section):
     """Supervised warm start on task traces (``sagc-jax sft``)."""
 
     _prefix = "sft."
@@ -619,7 +564,7 @@ class SFTConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class DataConfig(_Section):
+class DataConfig(Section):
     """Where prompts and rewards come from."""
 
     _prefix = "data."
@@ -726,7 +671,7 @@ class DataConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class MeshConfig(_Section):
+class MeshConfig(Section):
     """Device mesh shape; -1 means all remaining devices."""
 
     _prefix = "mesh."
@@ -753,7 +698,7 @@ class MeshConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class LoggingConfig(_Section):
+class LoggingConfig(Section):
     """Where and how a run writes its outputs."""
 
     _prefix = "logging."
@@ -764,138 +709,8 @@ class LoggingConfig(_Section):
     progress: bool = option(True, help="progress bar on stderr")
 
 
-# The accelerators of the roofline model: the keys of sim.roofline.HARDWARE (a test checks).
-HARDWARE_NAMES = ("h100", "h200", "a100-80gb", "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e")
-
-
 @dataclasses.dataclass(frozen=True)
-class SimConfig(_Section):
-    """Offline simulator: a synthetic rollout-length workload and a step-time model.
-
-    The defaults are the calibrated workload of ``configs/sim/reasoning_drift.yaml``.
-
-    Lengths of completion i of prompt p at step t (tokens, EOS included):
-    ``L = min(max_new_tokens, ceil(m_t * exp(prompt_sigma * z_p + group_sigma * e_pi) * f))``
-    where ``m_t`` drifts from ``median_start`` to ``median_end`` (geometric; the median length of
-    successful completions), ``group_sigma`` drifts linearly to ``group_sigma_end``, ``f`` is
-    ``failure_length_ratio`` for failed completions (success probability per prompt drawn from
-    Beta with mean ``success_mean``) and ``e_pi`` is Student-t with ``tail_df`` degrees of freedom
-    (heavy tail). With probability ``runaway_prob`` a completion runs to ``max_new_tokens``.
-
-    With ``prompt_pool: N`` the prompts come from a fixed pool of N, shuffled every epoch (step t
-    takes the next ``prompts_per_step`` of the epoch's order), and a prompt keeps its ``z_p``,
-    success probability and prompt length across epochs. It also has a straggle tendency
-    ``v_p ~ N(0, 1)`` scaled by ``h = prompt_heterogeneity``: its within-group spread is
-    multiplied by ``exp(h v_p / 2)`` and its runaway probability is
-    ``runaway_prob * exp(h v_p - h^2 / 2)`` (same mean over the pool). Its prompt length is
-    ``prompt_tokens * exp(prompt_length_sigma * w_p)`` where ``w_p`` has correlation
-    ``prompt_length_corr`` with ``v_p``.
-    """
-
-    _prefix = "sim."
-    _resumable = True  # the offline simulator's section: training never reads it
-    steps: int = option(300, ge=1, help="simulated steps")
-    prompts_per_step: int = option(64, ge=1, help="prompts per simulated step")
-    seed: int = option(
-        0, ge=0, help="seed of the workload (every controller sees the same lengths)"
-    )
-    controllers: tuple[str, ...] = option(
-        ("fixed:4", "fixed:8", "fixed:16", "sagc", "sagc_plus"),
-        help="controller specs to compare: 'fixed:G', 'sagc', 'sagc_plus', 'hybrid', "
-        "'hybrid:per_prompt'",
-    )
-    max_new_tokens: int = option(8192, ge=1, help="length cap of a completion (tokens)")
-    prompt_tokens: int = option(256, ge=0, help="tokens of a prompt")
-    median_start: float = option(
-        350.0, gt=0.0, help="median length of successful completions at the first step (tokens)"
-    )
-    median_end: float = option(
-        1200.0, gt=0.0, help="median length of successful completions at the last step (tokens)"
-    )
-    prompt_sigma: float = option(0.5, ge=0.0, help="log-spread of a prompt's length scale z_p")
-    group_sigma: float = option(
-        0.15, ge=0.0, help="log-spread of lengths within a group at the first step"
-    )
-    group_sigma_end: float | None = option(0.6, ge=0.0, help="spread at the last step")
-    tail_df: float = option(3.0, gt=0.0, help="Student-t degrees of freedom; inf = Gaussian")
-    success_mean: float = option(
-        0.4, ge=0.0, le=1.0, help="mean success probability of a prompt (Beta)"
-    )
-    success_concentration: float = option(
-        1.5,
-        gt=0.0,
-        help="concentration of that Beta (small: prompts mostly solved or mostly failed)",
-    )
-    failure_length_ratio: float = option(
-        3.0, gt=0.0, help="failed completions are this many times longer"
-    )
-    runaway_prob: float = option(
-        0.002, ge=0.0, le=1.0, help="probability that a completion runs to max_new_tokens"
-    )
-    # A fixed pool of prompts revisited every epoch (PromptPoolWorkload).
-    prompt_pool: int = option(
-        0,
-        ge=0,
-        help="0: every step draws fresh prompts; N: a fixed pool of N prompts, "
-        "each with a persistent length scale, success rate and straggle tendency",
-    )
-    prompt_heterogeneity: float = option(
-        1.0, ge=0.0, help="pool: std of a prompt's log straggle tendency (0: none)"
-    )
-    prompt_length_sigma: float = option(
-        0.5, ge=0.0, help="pool: log-spread of prompt token lengths around prompt_tokens"
-    )
-    prompt_length_corr: float = option(
-        0.5, ge=-1.0, le=1.0, help="pool: correlation of log prompt length with straggle tendency"
-    )
-    # Step-time model (sim/steptime.py): modeled seconds of a step from its lengths.
-    hardware: str = option(
-        "h100",
-        choices=("custom", *HARDWARE_NAMES),
-        help="accelerator of the roofline model (sim/roofline.py); custom: the illustrative "
-        "constants *_seconds below",
-    )
-    devices: int = option(1, ge=1, help="chips of that accelerator; a step's rows are split")
-    model: str = option(
-        "",
-        help="model whose step is timed: a preset name, or an HF checkpoint directory or its "
-        "config.json; empty: the config's model section",
-    )
-    slots: int = option(
-        256, ge=1, help="continuous batching: rollouts decoding at once per chip (vLLM: 256)"
-    )
-    bandwidth_efficiency: float = option(
-        0.7, gt=0.0, le=1.0, help="share of HBM bandwidth a decode step reaches"
-    )
-    decode_flops_efficiency: float = option(
-        0.5, gt=0.0, le=1.0, help="share of peak FLOP/s a decode step reaches"
-    )
-    mfu: float = option(0.4, gt=0.0, le=1.0, help="share of peak FLOP/s of prefill and update")
-    launch_seconds: float = option(50e-6, ge=0.0, help="fixed cost of one decode step")
-    # hardware: custom, the illustrative constants (only ratios between controllers mean much).
-    decode_step_seconds: float = option(0.02, ge=0.0, help="custom: fixed cost of a decode step")
-    decode_seq_seconds: float = option(2e-5, ge=0.0, help="custom: cost per row per decode step")
-    prefill_token_seconds: float = option(2e-6, ge=0.0, help="custom: prefill cost per token")
-    update_token_seconds: float = option(4e-5, ge=0.0, help="custom: update cost per token")
-    step_overhead_seconds: float = option(1.0, ge=0.0, help="custom: update cost per step")
-
-    def check(self) -> None:
-        if not self.controllers:
-            raise ConfigError("sim.controllers is empty; give e.g. ['fixed:4', 'sagc']")
-        for spec in self.controllers:
-            parse_controller_spec(spec)
-        if self.hardware != "custom":
-            for f in dataclasses.fields(self):
-                if f.name.endswith("_seconds") and f.name != "launch_seconds":
-                    if getattr(self, f.name) != f.default:
-                        raise ConfigError(
-                            f"sim.{f.name} applies to sim.hardware: custom only, not "
-                            f"{self.hardware!r}; set sim.hardware=custom or drop the key"
-                        )
-
-
-@dataclasses.dataclass(frozen=True)
-class TailBatchingConfig(_Section):
+class TailBatchingConfig(Section):
     """On-policy tail batching beside the group-size controller (docs/controller.md, "Tail
     batching"): a step starts more prompts than it trains, ends its rollout once enough whole
     groups have finished, and trains the prompts it cut later, in a long round that waits for
@@ -920,7 +735,7 @@ class TailBatchingConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(_Section):
+class Config(Section):
     """The whole run configuration."""
 
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -962,7 +777,7 @@ class Config(_Section):
                     "to false"
                 )
             if c.hybrid.mode == "per_prompt" and c.hybrid.rollout_budget:  # 0: P x G rows
-                budget, g = c.hybrid.rollout_budget, c.sagc.candidates
+                budget, g = c.hybrid.rollout_budget, c.candidates
                 lo, hi = t.prompts_per_step * min(g), t.prompts_per_step * max(g)
                 if not lo <= budget <= hi:
                     raise ConfigError(
@@ -970,32 +785,6 @@ class Config(_Section):
                         f"train.prompts_per_step = {t.prompts_per_step} groups from the ladder "
                         f"{list(g)}: allowed {lo} to {hi}"
                     )
-
-
-HYBRID_MODES = ("step", "per_prompt")
-
-
-def parse_controller_spec(spec: str) -> tuple[str, int | str | None]:
-    """A controller spec string as ``(kind, argument)``; anything else is a ConfigError.
-
-    ``'sagc'`` -> ("sagc", None); ``'sagc_plus'`` -> ("sagc_plus", None); ``'fixed:8'`` ->
-    ("fixed", 8); ``'hybrid'`` -> ("hybrid", None) (the mode of ``controller.hybrid.mode``);
-    ``'hybrid:step'`` -> ("hybrid", "step"); ``'hybrid:per_prompt'`` -> ("hybrid", "per_prompt").
-    """
-    kind, sep, arg = spec.partition(":")
-    if kind in ("sagc", "sagc_plus") and not sep:
-        return kind, None
-    if kind == "fixed" and arg.isdigit() and int(arg) >= 1:
-        return "fixed", int(arg)
-    if kind == "hybrid" and not sep:
-        return "hybrid", None
-    if kind == "hybrid" and arg in HYBRID_MODES:
-        return "hybrid", arg
-    raise ConfigError(
-        f"controller spec {spec!r} is not allowed; use 'sagc', 'sagc_plus', 'fixed:<G>' with "
-        f"G >= 1, "
-        f"'hybrid', 'hybrid:step' or 'hybrid:per_prompt'"
-    )
 
 
 # --------------------------------------------------------------------------- building
@@ -1054,6 +843,19 @@ def _closest(name: str, allowed: list[str]) -> str:
     return f"{hint}allowed keys: {', '.join(allowed)}"
 
 
+# Keys that moved (old -> new): a file or --set that still uses one fails naming the new key,
+# rather than being read as the new key without a word.
+MOVED_KEYS = {
+    "controller.sagc.candidates": "controller.candidates",
+    "controller.sagc.delta": "controller.delta",
+    "controller.sagc.tau": "controller.tau",
+    "controller.sagc.scope": "controller.scope",
+    "controller.sagc.g_init": "controller.g_init",
+    "controller.sagc.gamma": "controller.sagc.posterior_gamma",
+    "controller.sagc_plus.gamma": "controller.sagc_plus.trial_gamma",
+}
+
+
 def _build(cls: type, data: Any, prefix: str) -> Any:
     where = prefix.rstrip(".") or "the config"
     if data is None:
@@ -1065,6 +867,8 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     kwargs = {}
     for name, value in data.items():
         if name not in fields:
+            if f"{prefix}{name}" in MOVED_KEYS:
+                raise ConfigError(f"{prefix}{name} moved to {MOVED_KEYS[f'{prefix}{name}']}")
             allowed = sorted(fields)
             raise ConfigError(f"unknown key '{prefix}{name}'; {_closest(str(name), allowed)}")
         tp = hints[name]
@@ -1283,7 +1087,8 @@ def reference_markdown() -> str:
         "# Configuration reference",
         "",
         "Every key of a run's config, generated from the config dataclasses "
-        "(`sagc_jax/config.py`) by `sagc-jax config --reference > docs/config.md`; a test "
+        "(`sagc_jax/config.py`, the `sim` section `sagc_jax/sim/config.py`) by "
+        "`sagc-jax config --reference > docs/config.md`; a test "
         "checks that this page is current. A config file is a YAML mapping of these sections; "
         "every key is optional, and `--set section.key=value` overrides one on the command "
         "line. A resumed run must keep the saved config but for the keys marked *(a resume may "
@@ -1303,7 +1108,7 @@ def reference_markdown() -> str:
             if accepts and isinstance(default, tuple):
                 accepts = f"a list, each {accepts}"
             accepts = accepts or _type_name(hints[f.name])
-            if bounds := _describe_bounds(meta):
+            if bounds := describe_bounds(meta):
                 accepts += f", {bounds}"
             value = list(default) if isinstance(default, tuple) else default
             shown = yaml.safe_dump(value, default_flow_style=True, width=1000)

@@ -13,7 +13,7 @@ TINY = [
     "train.learning_rate=1e-3",
     "train.eval_size=4",
     "logging.progress=false",
-    "controller.sagc.candidates=[2,4]",
+    "controller.candidates=[2,4]",
     # one loop body per sampler program: the trainer tests compile fewer (tokens do not depend
     # on it; tests/test_sampler_engine.py covers the rungs)
     "sampling.row_buckets=1",

@@ -4,7 +4,7 @@ unchanged, and the straggler budget kept on the oracle worlds with every step cu
 import numpy as np
 import pytest
 
-from sagc_jax.config import SAGCConfig
+from sagc_jax.config import ControllerConfig, SAGCConfig
 from sagc_jax.controller import FixedGroupController, SAGCController, SAGCPlusController
 from sagc_jax.controller.observation import censored_observation, censored_straggle
 
@@ -59,8 +59,9 @@ def test_uncut_steps_read_as_before(kind):
     def make():
         if kind == "fixed":
             return FixedGroupController(8)
-        cls = SAGCController if kind == "sagc" else SAGCPlusController
-        return cls(SAGCConfig(delta=0.2, seed=3))
+        if kind == "sagc":
+            return SAGCController(ControllerConfig(delta=0.2), SAGCConfig(seed=3))
+        return SAGCPlusController(ControllerConfig(delta=0.2))
 
     a, b = make(), make()
     rng = np.random.default_rng(0)
@@ -87,7 +88,7 @@ def test_fixed_g_accepts_cut_steps_and_reports_them():
 
 
 def test_sagc_plus_reads_cut_chunks_of_smaller_rungs():
-    ctrl = SAGCPlusController(SAGCConfig(delta=0.2, g_init=16))
+    ctrl = SAGCPlusController(ControllerConfig(delta=0.2, g_init=16))
     _, reached, finished = cut_groups(np.random.default_rng(2), 20, 16, keep=16)
     straggled, trials = ctrl.trials_by_rung(reached, 0.3, finished)
     assert trials.tolist() == [20, 20, 20] and straggled[-1] == pytest.approx(6.0)
@@ -109,7 +110,7 @@ def excess(world, spec, delta, keep, seed):
     10 steps; spec ``sagc_plus`` or ``naive`` (the cut lengths read as complete)."""
     from sagc_jax.sim.worlds import oracle, play_cut, rates_table
 
-    ctrl = SAGCPlusController(SAGCConfig(delta=delta, seed=seed))
+    ctrl = SAGCPlusController(ControllerConfig(delta=delta))
     _, s_t, _ = play_cut(ctrl, world, keep, naive=spec == "naive")
     best = oracle(rates_table(world), world.candidates, delta)
     return s_t[10:].mean() - best["allowed"][10:].mean()

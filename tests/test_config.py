@@ -33,9 +33,9 @@ def test_every_shipped_config_parses(path):
 
 
 def test_defaults_and_overrides():
-    cfg = load_config(None, ["controller.sagc.delta=0.2", "controller.sagc.candidates=[2,4,8]"])
-    assert cfg.controller.sagc.delta == 0.2
-    assert cfg.controller.sagc.candidates == (2, 4, 8)
+    cfg = load_config(None, ["controller.delta=0.2", "controller.candidates=[2,4,8]"])
+    assert cfg.controller.delta == 0.2
+    assert cfg.controller.candidates == (2, 4, 8)
     assert cfg.sim == Config().sim
     # YAML 1.1 reads 4e-5 as a string; a float field still accepts it
     assert load_config(None, ["sim.update_token_seconds=4e-5"]).sim.update_token_seconds == 4e-5
@@ -56,9 +56,9 @@ def error_of(path, overrides=()):
 
 
 def test_unknown_key_names_file_line_and_closest_key(tmp_path):
-    path = write(tmp_path, "controller:\n  sagc:\n    delta: 0.2\n    dleta: 0.3\n")
+    path = write(tmp_path, "controller:\n  kind: sagc\n  delta: 0.2\n  dleta: 0.3\n")
     msg = error_of(path)
-    assert msg.startswith(f"{path}:4: unknown key 'controller.sagc.dleta'")
+    assert msg.startswith(f"{path}:4: unknown key 'controller.dleta'")
     assert "did you mean 'delta'?" in msg
 
 
@@ -70,8 +70,8 @@ def test_unknown_section(tmp_path):
 def test_wrong_type(tmp_path):
     msg = error_of(write(tmp_path, "sim:\n  steps: many\n"))
     assert msg == f"{path_of(tmp_path)}:2: sim.steps = 'many' has the wrong type; expected int"
-    msg = error_of(write(tmp_path, "controller:\n  sagc:\n    candidates: [4, 8.5]\n"))
-    assert "controller.sagc.candidates = 8.5 has the wrong type; expected int" in msg
+    msg = error_of(write(tmp_path, "controller:\n  candidates: [4, 8.5]\n"))
+    assert "controller.candidates = 8.5 has the wrong type; expected int" in msg
     msg = error_of(write(tmp_path, "logging:\n  tensorboard: 1\n"))
     assert "expected bool" in msg
 
@@ -81,16 +81,18 @@ def path_of(tmp_path):
 
 
 def test_out_of_range_and_choices(tmp_path):
-    msg = error_of(write(tmp_path, "controller:\n  sagc:\n    delta: 1.5\n"))
-    assert msg.endswith("controller.sagc.delta = 1.5 is out of range; allowed: > 0.0 and < 1.0")
+    msg = error_of(write(tmp_path, "controller:\n  kind: sagc\n  delta: 1.5\n"))
+    assert msg.endswith("controller.delta = 1.5 is out of range; allowed: > 0.0 and < 1.0")
     assert ":3:" in msg
-    msg = error_of(None, ["controller.sagc.scope=prompt"])
-    assert msg.startswith("--set controller.sagc.scope=prompt: ")
+    msg = error_of(None, ["controller.scope=prompt"])
+    assert msg.startswith("--set controller.scope=prompt: ")
     assert "choose one of ['group', 'batch']" in msg
-    msg = error_of(None, ["controller.sagc.g_init=6"])
+    msg = error_of(None, ["controller.g_init=6"])
     assert "g_init = 6 is not a candidate; allowed: [4, 8, 16]" in msg
-    msg = error_of(None, ["controller.sagc.candidates=[8,4]"])
+    msg = error_of(None, ["controller.candidates=[8,4]"])
     assert "strictly increasing" in msg
+    msg = error_of(None, ["controller.hybrid.radius=0"])
+    assert msg.endswith("controller.hybrid.radius = 0 is out of range; allowed: >= 1")
     msg = error_of(None, ["sim.controllers=[fixed:8,adaptive]"])
     assert "controller spec 'adaptive' is not allowed" in msg
 
@@ -104,10 +106,10 @@ def test_bad_yaml_and_missing_file(tmp_path):
 
 
 def test_cli_config_prints_the_resolved_config(tmp_path, capsys):
-    path = write(tmp_path, "controller:\n  sagc:\n    tau: 2.0\n")
+    path = write(tmp_path, "controller:\n  tau: 2.0\n")
     assert main(["config", "--config", str(path), "--set", "sim.steps=7"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed["controller"]["sagc"]["tau"] == 2.0
+    assert printed["controller"]["tau"] == 2.0
     assert printed["sim"]["steps"] == 7
 
 
@@ -120,6 +122,76 @@ def test_cli_bad_input_is_one_line_exit_2_no_traceback(tmp_path):
         assert proc.returncode == 2
         assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+MOVED = [
+    ("controller.sagc.candidates", "[2, 4]", "controller.candidates"),
+    ("controller.sagc.delta", "0.2", "controller.delta"),
+    ("controller.sagc.tau", "2.5", "controller.tau"),
+    ("controller.sagc.scope", "batch", "controller.scope"),
+    ("controller.sagc.g_init", "4", "controller.g_init"),
+    ("controller.sagc.gamma", "0.9", "controller.sagc.posterior_gamma"),
+    ("controller.sagc_plus.gamma", "0.8", "controller.sagc_plus.trial_gamma"),
+]
+
+
+@pytest.mark.parametrize(("old", "value", "new"), MOVED, ids=[m[0] for m in MOVED])
+def test_a_moved_key_fails_naming_its_new_key(tmp_path, old, value, new):
+    section, own, key = old.split(".")
+    path = write(tmp_path, f"train:\n  steps: 5\n{section}:\n  {own}:\n    {key}: {value}\n")
+    assert error_of(path) == f"{path}:5: {old} moved to {new}"
+    assert error_of(None, [f"{old}={value}"]) == f"--set {old}={value}: {old} moved to {new}"
+    node = to_dict(load_config(None, [f"{new}={value}"]))  # the new key takes the same value
+    for part in new.split("."):
+        node = node[part]
+    assert node == yaml.safe_load(value)
+
+
+def test_every_moved_key_is_gone_and_its_new_key_exists():
+    from sagc_jax.config import MOVED_KEYS
+
+    assert {old: new for old, _, new in MOVED} == MOVED_KEYS
+    keys, stack = set(), [("", to_dict(Config()))]
+    while stack:
+        prefix, values = stack.pop()
+        for k, v in values.items():
+            if isinstance(v, dict):
+                stack.append((f"{prefix}{k}.", v))
+            else:
+                keys.add(prefix + k)
+    for old, new in MOVED_KEYS.items():
+        assert old not in keys and new in keys, (old, new)
+
+
+def test_the_controllers_share_the_budget_and_own_their_knobs():
+    """The ladder, tau, scope, delta and g_init of controller.* reach every controller; each
+    controller's own knobs come from its own section, and no knob name has two defaults."""
+    import dataclasses
+
+    from sagc_jax.config import ControllerConfig, HybridConfig, SAGCConfig, SAGCPlusConfig
+    from sagc_jax.controller import make_controller
+
+    shared = ["controller.candidates=[2,4,8,16]", "controller.tau=2.5", "controller.scope=batch"]
+    cfg = load_config(None, [*shared, "controller.delta=0.2", "controller.g_init=4"]).controller
+    for spec in ("sagc", "sagc_plus", "hybrid", "hybrid:per_prompt"):
+        ctrl = make_controller(spec, cfg)
+        assert (ctrl.candidates, ctrl.tau, ctrl.scope) == ((2, 4, 8, 16), 2.5, "batch"), spec
+        assert (ctrl.delta, ctrl.candidates[ctrl.rung]) == (0.2, 4), spec  # g_init
+    fixed = make_controller("fixed:8", cfg)
+    assert (fixed.tau, fixed.scope) == (2.5, "batch")
+
+    cfg = load_config(None, ["controller.sagc.radius=2", "controller.hybrid.radius=3"]).controller
+    assert make_controller("sagc", cfg).config.radius == 2
+    assert make_controller("hybrid", cfg).config.radius == 3
+    cfg = load_config(None, ["controller.sagc_plus.trial_gamma=0.5"]).controller
+    assert make_controller("sagc_plus", cfg).plus.trial_gamma == 0.5
+
+    defaults: dict[str, set] = {}
+    for cls in (ControllerConfig, SAGCConfig, SAGCPlusConfig, HybridConfig):
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:  # the subsections have factories
+                defaults.setdefault(f.name, set()).add(repr(f.default))
+    assert {k: v for k, v in defaults.items() if len(v) > 1} == {}
 
 
 def test_unknown_section_in_a_set_blames_the_set(tmp_path):

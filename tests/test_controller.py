@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from sagc_jax.config import load_config
+from sagc_jax.config import ControllerConfig, load_config
 from sagc_jax.controller import (
     FixedGroupController,
     SAGCConfig,
@@ -84,7 +84,7 @@ def test_bad_lengths_are_rejected():
 
 
 def test_propose_is_idempotent_until_observe():
-    c = SAGCController(SAGCConfig(seed=3))
+    c = SAGCController(config=SAGCConfig(seed=3))
     rng = np.random.default_rng(0)
     for _ in range(20):
         g = c.propose()
@@ -93,13 +93,13 @@ def test_propose_is_idempotent_until_observe():
 
 
 def test_settles_on_largest_when_every_candidate_is_safe():
-    c = SAGCController(SAGCConfig(delta=0.3, g_init=4, seed=1))
+    c = SAGCController(ControllerConfig(delta=0.3, g_init=4), SAGCConfig(seed=1))
     gs, _ = drive(c, {4: 0.02, 8: 0.05, 16: 0.1}, 300, np.random.default_rng(1))
     assert np.mean(gs[-100:] == 16) >= 0.95
 
 
 def test_long_run_rate_meets_delta_and_prefers_the_feasible_middle():
-    c = SAGCController(SAGCConfig(delta=0.3, seed=2))
+    c = SAGCController(ControllerConfig(delta=0.3), SAGCConfig(seed=2))
     gs, ss = drive(c, {4: 0.05, 8: 0.25, 16: 0.9}, 1500, np.random.default_rng(2))
     assert ss.mean() <= 0.3 + 0.05
     assert np.mean(gs == 8) > 0.5
@@ -107,13 +107,13 @@ def test_long_run_rate_meets_delta_and_prefers_the_feasible_middle():
 
 
 def test_moves_down_after_an_abrupt_rise_in_straggling():
-    cfg = SAGCConfig(delta=0.3, gamma=0.95, seed=4)
-    c = SAGCController(cfg)
+    cfg = SAGCConfig(posterior_gamma=0.95, seed=4)
+    c = SAGCController(ControllerConfig(delta=0.3), cfg)
     rng = np.random.default_rng(4)
     gs_before, _ = drive(c, {4: 0.02, 8: 0.05, 16: 0.1}, 200, rng)
     assert np.all(gs_before[-50:] == 16)
     gs_after, _ = drive(c, {4: 0.05, 8: 0.2, 16: 0.9}, 300, rng)
-    memory = 1.0 / (1.0 - cfg.gamma)  # 20 steps
+    memory = 1.0 / (1.0 - cfg.posterior_gamma)  # 20 steps
     first_move = int(np.argmax(gs_after != 16))
     assert gs_after[first_move] != 16 and first_move <= 3 * memory
     assert np.mean(gs_after[int(5 * memory) :] == 16) < 0.2
@@ -122,7 +122,9 @@ def test_moves_down_after_an_abrupt_rise_in_straggling():
 @pytest.mark.parametrize("radius", [1, 2])
 def test_never_moves_more_than_radius_rungs(radius):
     ladder = (2, 4, 8, 16, 32)
-    c = SAGCController(SAGCConfig(candidates=ladder, radius=radius, g_init=2, eta=3.0, seed=5))
+    c = SAGCController(
+        ControllerConfig(candidates=ladder, g_init=2), SAGCConfig(radius=radius, eta=3.0, seed=5)
+    )
     probs = {2: 0.0, 4: 0.1, 8: 0.3, 16: 0.6, 32: 0.95}
     rng = np.random.default_rng(5)
     rungs = []
@@ -140,12 +142,15 @@ def test_never_moves_more_than_radius_rungs(radius):
 def test_same_seed_and_observations_give_same_decisions():
     runs = []
     for _ in range(2):
-        c = SAGCController(SAGCConfig(seed=7))
+        c = SAGCController(config=SAGCConfig(seed=7))
         gs, _ = drive(c, {4: 0.1, 8: 0.3, 16: 0.7}, 200, np.random.default_rng(7))
         runs.append(gs)
     np.testing.assert_array_equal(*runs)
     other, _ = drive(
-        SAGCController(SAGCConfig(seed=8)), {4: 0.1, 8: 0.3, 16: 0.7}, 200, np.random.default_rng(7)
+        SAGCController(config=SAGCConfig(seed=8)),
+        {4: 0.1, 8: 0.3, 16: 0.7},
+        200,
+        np.random.default_rng(7),
     )
     assert not np.array_equal(runs[0], other)
 
@@ -153,14 +158,14 @@ def test_same_seed_and_observations_give_same_decisions():
 @pytest.mark.parametrize("mid_step", [False, True])
 def test_state_dict_restores_exact_decisions(mid_step):
     probs = {4: 0.1, 8: 0.3, 16: 0.7}
-    original = SAGCController(SAGCConfig(seed=9))
+    original = SAGCController(config=SAGCConfig(seed=9))
     drive(original, probs, 50, np.random.default_rng(0))
     if mid_step:
         original.propose()  # a proposal pending at checkpoint time survives the restore
     state = original.state_dict()
     for key, value in state.items():
         assert isinstance(value, np.ndarray | int | float | str), key
-    restored = SAGCController(SAGCConfig(seed=123))  # seed is overwritten by the state
+    restored = SAGCController(config=SAGCConfig(seed=123))  # seed is overwritten by the state
     restored.load_state_dict(state)
     gs_a, ss_a = drive(original, probs, 100, np.random.default_rng(1))
     gs_b, ss_b = drive(restored, probs, 100, np.random.default_rng(1))
@@ -172,7 +177,7 @@ def test_state_dict_restores_exact_decisions(mid_step):
 def test_state_of_another_ladder_or_kind_is_rejected():
     state = SAGCController().state_dict()
     with pytest.raises(ValueError, match="candidates"):
-        SAGCController(SAGCConfig(candidates=(2, 4))).load_state_dict(state)
+        SAGCController(ControllerConfig(candidates=(2, 4))).load_state_dict(state)
     with pytest.raises(ValueError, match="SAGCController"):
         FixedGroupController(8).load_state_dict(state)
 
@@ -191,7 +196,7 @@ def test_fixed_controller_reports_the_same_metrics():
 
 
 def test_metrics_of_a_step():
-    c = SAGCController(SAGCConfig(g_init=4, tau=3.0, delta=0.25, eta=1.0))
+    c = SAGCController(ControllerConfig(g_init=4, tau=3.0, delta=0.25), SAGCConfig(eta=1.0))
     assert c.propose() == 4
     m = c.observe(np.array([[10, 10, 10, 40], [10, 10, 10, 10]]))
     assert m["s_t"] == 0.5 and m["group_size"] == 4
@@ -216,7 +221,7 @@ def test_paper_controller_decisions_are_unchanged():
     SAGC+ was added beside it): its decisions, multiplier and posteriors must not move."""
     sim = load_config("configs/sim/reasoning_drift.yaml").sim
     workload = SyntheticWorkload(dataclasses.replace(sim, steps=60, prompts_per_step=16))
-    c = SAGCController(SAGCConfig(delta=0.2, eta=1.0, seed=3))
+    c = SAGCController(ControllerConfig(delta=0.2), SAGCConfig(eta=1.0, seed=3))
     gs = []
     for t in range(60):
         gs.append(c.propose())

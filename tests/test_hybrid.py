@@ -290,7 +290,7 @@ def test_mixed_size_observation_equals_per_group_computation():
 
 
 def test_per_prompt_observe_reports_the_fraction_of_straggling_groups():
-    ctrl = HybridController(SAGCConfig(tau=3.0), HybridConfig(mode="per_prompt"))
+    ctrl = HybridController(ControllerConfig(tau=3.0), HybridConfig(mode="per_prompt"))
     sizes = ctrl.propose_for(np.arange(4), np.full(4, 64))
     assert sizes.tolist() == [8, 8, 8, 8]  # step 0: the middle rung, no price yet
     groups = [np.full(8, 100) for _ in range(4)]
@@ -309,8 +309,8 @@ def test_state_dict_restores_exact_decisions(mode, mid_step):
     rng_q = np.random.default_rng(5)
     q_pool = rng_q.uniform(0.0, 0.15, size=48)
     lengths_pool = rng_q.integers(20, 3000, size=48)
-    cfg = SAGCConfig(seed=9, delta=0.25)
-    original = HybridController(cfg, HybridConfig(mode=mode, capacity=32))  # evictions too
+    budget, cfg = ControllerConfig(delta=0.25), HybridConfig(seed=9, mode=mode, capacity=32)
+    original = HybridController(budget, cfg)  # evictions too
     drive(original, q_pool, 40, np.random.default_rng(0), lengths_pool=lengths_pool)
     ids16 = np.arange(16)
     if mid_step:
@@ -320,9 +320,7 @@ def test_state_dict_restores_exact_decisions(mode, mid_step):
         assert isinstance(value, np.ndarray | int | float | str), key
         if isinstance(value, np.ndarray | float):  # checkpoints keep it as JSON: no nan
             assert np.all(np.isfinite(value)), key
-    restored = HybridController(
-        dataclasses.replace(cfg, seed=123), HybridConfig(mode=mode, capacity=32)
-    )
+    restored = HybridController(budget, dataclasses.replace(cfg, seed=123))
     restored.load_state_dict(state)
     if mid_step:  # the pending proposal survives, and its observation continues the run
         for ctrl in (original, restored):
@@ -336,13 +334,13 @@ def test_state_dict_restores_exact_decisions(mode, mid_step):
     chex.assert_trees_all_equal(restored.state_dict(), original.state_dict())
     with pytest.raises(ValueError, match="mode"):
         other = "step" if mode == "per_prompt" else "per_prompt"
-        HybridController(cfg, HybridConfig(mode=other, capacity=32)).load_state_dict(state)
+        HybridController(budget, dataclasses.replace(cfg, mode=other)).load_state_dict(state)
 
 
 def test_step_mode_without_prediction_is_sagc():
     rng = np.random.default_rng(0)
-    hybrid = HybridController(SAGCConfig(seed=4), HybridConfig(prediction_weight=0.0))
-    sagc = SAGCController(SAGCConfig(seed=4))
+    hybrid = HybridController(hybrid=HybridConfig(seed=4, prediction_weight=0.0))
+    sagc = SAGCController(config=SAGCConfig(seed=4))
     q_pool = rng.uniform(0, 0.1, size=32)
     for _ in range(80):
         ids = rng.choice(32, 8, replace=False)
@@ -359,16 +357,18 @@ def test_step_mode_prefers_small_groups_for_risky_prompts():
     """Same posteriors and price: a step of risky prompts is likelier to get a smaller G."""
     rng = np.random.default_rng(2)
     q_pool = np.concatenate([np.full(64, 0.002), np.full(64, 0.12)])
-    ctrl = HybridController(SAGCConfig(seed=1, delta=0.3), HybridConfig(prediction_weight=30.0))
+    ctrl = HybridController(
+        ControllerConfig(delta=0.3), HybridConfig(seed=1, prediction_weight=30.0)
+    )
     drive(ctrl, q_pool, 120, rng)
     state = ctrl.state_dict()
     picks = {}
     for name, ids in (("safe", np.arange(16)), ("risky", np.arange(64, 80))):
         gs = []
         for seed in range(60):
-            trial = HybridController(SAGCConfig(), HybridConfig(prediction_weight=30.0))
+            trial = HybridController(hybrid=HybridConfig(prediction_weight=30.0))
             trial.load_state_dict(
-                {**state, "rng": SAGCController(SAGCConfig(seed=seed)).state_dict()["rng"]}
+                {**state, "rng": SAGCController(config=SAGCConfig(seed=seed)).state_dict()["rng"]}
             )
             gs.append(trial.propose_for(ids))
         picks[name] = np.mean(np.log2(gs))

@@ -182,7 +182,7 @@ def test_tokenizer_command_then_train_a_dataset_run(tmp_path, capsys):
         "sampling.prompt_buckets=auto",
         "train.steps=1",
         "train.eval_size=2",
-        "controller.sagc.candidates=[2]",
+        "controller.candidates=[2]",
         "logging.tensorboard=false",
         f"logging.run_dir={tmp_path / 'run'}",
     ]

@@ -184,10 +184,12 @@ RUN = [
     # prompts of 5 to 9 tokens: the processes' halves of a batch fall in different buckets
     # unless they agree on one width
     "sampling.prompt_buckets=[8,16]",
-    # frequent stragglers and a fast-moving lambda: SAGC leaves G = 4 for 2 within 4 steps
-    "controller.sagc.tau=1.2",
-    "controller.sagc.delta=0.05",
+    # frequent stragglers and a fast-moving lambda: SAGC (and the hybrid, SAGC with a
+    # predictor) leaves G = 4 for 2 within 4 steps
+    "controller.tau=1.2",
+    "controller.delta=0.05",
     "controller.sagc.eta=10",
+    "controller.hybrid.eta=10",
 ]
 
 

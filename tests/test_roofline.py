@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from sagc_jax.cli import main
-from sagc_jax.config import HARDWARE_NAMES, ConfigError, SimConfig, load_config
+from sagc_jax.config import ConfigError, load_config
 from sagc_jax.sim import StepTimer
+from sagc_jax.sim.config import HARDWARE_NAMES, SimConfig
 from sagc_jax.sim.roofline import (
     HARDWARE,
     Efficiency,

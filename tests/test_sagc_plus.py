@@ -4,7 +4,7 @@ on hand-made lengths, plus its pieces (isotonic fit, best mixture), resume and t
 import numpy as np
 import pytest
 
-from sagc_jax.config import ControllerConfig, SAGCConfig, SAGCPlusConfig, load_config
+from sagc_jax.config import ControllerConfig, SAGCPlusConfig, load_config
 from sagc_jax.controller import SAGCPlusController, make_controller
 from sagc_jax.controller.sagc_plus import best_mixture, isotonic_increasing
 from sagc_jax.sim.worlds import TailWorld, oracle, rates_table
@@ -30,7 +30,7 @@ def drive(controller, q_of_step, steps, rng, num_groups=16):
 
 
 def plus(delta=0.2, g_init=None, **knobs):
-    return SAGCPlusController(SAGCConfig(delta=delta, g_init=g_init), SAGCPlusConfig(**knobs))
+    return SAGCPlusController(ControllerConfig(delta=delta, g_init=g_init), SAGCPlusConfig(**knobs))
 
 
 # ---------------------------------------------------------------- pieces
@@ -84,7 +84,7 @@ def test_every_group_is_a_trial_and_a_played_group_informs_smaller_rungs():
     np.testing.assert_allclose(c.trials, [16, 16, 16])
     np.testing.assert_allclose(c.straggled, [1.0, 2.0, 4.0])
     # batch scope: one trial per step, for each rung the share of its chunks that straggle
-    b = SAGCPlusController(SAGCConfig(g_init=16, scope="batch"))
+    b = SAGCPlusController(ControllerConfig(g_init=16, scope="batch"))
     b.propose()
     b.observe(lengths)
     np.testing.assert_allclose(b.trials, [1, 1, 1])

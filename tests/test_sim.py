@@ -7,9 +7,10 @@ import pytest
 from helpers import capture_figures, delta_lines, legend_labels
 
 from sagc_jax.cli import main
-from sagc_jax.config import SimConfig, load_config
+from sagc_jax.config import load_config
 from sagc_jax.controller import FixedGroupController, make_controller
 from sagc_jax.sim import ReplayWorkload, StepTimer, SyntheticWorkload, compare, run_controller
+from sagc_jax.sim.config import SimConfig
 from sagc_jax.sim.report import summary_rows
 from sagc_jax.train.plan import step_timer
 
@@ -92,7 +93,7 @@ def test_sagc_meets_the_done_criteria_on_the_calibrated_workload():
     assert timer.label == "qwen2.5-3b on 8 x h100"
     runs = compare(cfg, SyntheticWorkload(cfg.sim), timer)
     rows = {r["controller"]: r for r in summary_rows(runs)}
-    delta = cfg.controller.sagc.delta
+    delta = cfg.controller.delta
     assert abs(rows["sagc"]["straggler_rate"] - delta) <= 0.05
     assert rows["fixed:16"]["straggler_rate"] > delta + 0.1
     for regime in ("compacting_h", "synchronous_h", "continuous_h"):
@@ -138,7 +139,7 @@ def test_simulate_command_writes_table_csv_and_plots(tmp_path, capsys, monkeypat
     steps_csv = (out / "steps.csv").read_text().splitlines()
     assert len(steps_csv) == 1 + 5 * 30  # five default controllers
     # the budget on the plots of straggling (delta_line, shared with report and compare)
-    delta = load_config(out / "config.yaml").controller.sagc.delta
+    delta = load_config(out / "config.yaml").controller.delta
     for name in ("posterior_mean.png", "straggler_rate.png"):
         assert delta_lines(figures[name].axes[0]) == [delta], name
     assert "sagc G=16" in legend_labels(figures["posterior_mean.png"].axes[0])
@@ -285,7 +286,7 @@ def test_runner_plays_per_prompt_sizes(budget):
             "sim.prompts_per_step=8",
             "sim.prompt_pool=24",
             f"controller.hybrid.rollout_budget={budget}",
-            "controller.sagc.delta=0.1",
+            "controller.delta=0.1",
         ],
     )
     w = SyntheticWorkload(cfg.sim)

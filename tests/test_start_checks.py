@@ -33,10 +33,10 @@ def train(run, *extra):
 
 def test_a_ladder_that_cannot_fit_is_refused_before_the_model_is_built(tmp_path, capsys, no_model):
     run = tmp_path / "run"
-    assert train(run, "controller.sagc.candidates=[2,4,65536]") == 2
+    assert train(run, "controller.candidates=[2,4,65536]") == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
-    assert err.startswith("error: controller.sagc.candidates: the largest candidate G")
+    assert err.startswith("error: controller.candidates: the largest candidate G")
     assert "GiB per device against" in err and "train.memory_check=false" in err
     assert not run.exists()  # the refused start left no directory behind
 

@@ -226,7 +226,7 @@ def test_the_experiment_workload_keeps_its_length_promises():
 
     cfg = load_config("configs/experiments/straggler.yaml", [])
     source = SyntheticSource(cfg, log=lambda _: None)
-    cap, tau = cfg.sampling.max_new_tokens, cfg.controller.sagc.tau
+    cap, tau = cfg.sampling.max_new_tokens, cfg.controller.tau
     assert source.task.max_completion_chars() + 1 <= cap / tau
     trace = source.task.problem(0, "sft").trace
     assert len(ramble(trace, cap)) == cap and "#" not in ramble(trace, cap)

@@ -25,7 +25,8 @@ def run_config(cfg: Config, spec: str, seed: int, steps: int | None) -> Config:
         data["controller"]["group_size"] = arg
     elif kind == "hybrid" and arg is not None:
         data["controller"]["hybrid"]["mode"] = arg
-    data["controller"]["sagc"]["seed"] = cfg.controller.sagc.seed + seed
+    for own in ("sagc", "hybrid"):  # the controllers with a Thompson generator
+        data["controller"][own]["seed"] = getattr(cfg.controller, own).seed + seed
     data["train"]["seed"] = cfg.train.seed + seed
     if steps is not None:
         data["train"]["steps"] = steps
@@ -78,10 +79,8 @@ def compare(
             per_run[(spec, seed)] = read_metrics(run_dir)
     timer = step_timer(cfg, max(cfg.sampling.prompt_buckets) + cfg.sampling.max_new_tokens)
     result = study(per_run, controllers, seeds, timer)
-    sagc = cfg.controller.sagc
-    plot_study(
-        per_run, controllers, seeds, timer, out_dir, candidates=sagc.candidates, delta=sagc.delta
-    )
+    c = cfg.controller
+    plot_study(per_run, controllers, seeds, timer, out_dir, candidates=c.candidates, delta=c.delta)
     write_tables(result, out_dir)
     return result
 

@@ -49,7 +49,8 @@ def plot_runs(
     steps, posterior mean per candidate, the straggler share per step and its running rate, and
     the distribution of group max/median ratios. ``candidates`` (the controller's ladder) names
     the posterior's entries; ``delta`` (the straggler budget) is drawn on the straggler plots;
-    both from the runs' config (``controller.sagc``), None/() when unknown."""
+    both from the runs' config (``controller.candidates``, ``controller.delta``), None/() when
+    unknown."""
     plt, save, paths = figure_writer(out_dir)
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))

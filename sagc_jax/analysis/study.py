@@ -351,7 +351,7 @@ def plot_study(
     regimes), G and lambda over steps, the posterior mean per candidate, the straggler rate and
     mean group max/median ratio over steps, and for prompt-aware controllers their predicted
     against observed straggler rate per step. ``candidates`` and ``delta`` are the study's
-    ``controller.sagc`` ladder and straggler budget: the posterior's legend names each
+    ``controller`` ladder and straggler budget: the posterior's legend names each
     candidate's G, and ``delta`` is drawn on the plots of straggling and posterior means."""
     plt, save, paths = figure_writer(out_dir)
 

@@ -25,7 +25,7 @@ def add_config_args(parser: argparse.ArgumentParser, config_required: bool = Fal
         action="append",
         default=[],
         metavar="SECTION.KEY=VALUE",
-        help="override one config value (repeatable), e.g. --set controller.sagc.delta=0.2",
+        help="override one config value (repeatable), e.g. --set controller.delta=0.2",
     )
 
 

@@ -39,7 +39,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _run_ladder_and_budget(run: Path) -> tuple[tuple[int, ...], float | None]:
-    """(``controller.sagc.candidates``, ``controller.sagc.delta``) of the config saved with the
+    """(``controller.candidates``, ``controller.delta``) of the config saved with the
     newest checkpoint of ``run``, read without verifying or moving anything (the run may still
     be training); ((), None) when there is no checkpoint or its config no longer loads."""
     if not (run / "checkpoints").is_dir():
@@ -51,9 +51,9 @@ def _run_ladder_and_budget(run: Path) -> tuple[tuple[int, ...], float | None]:
         step = store.latest_step()
         if step is None:
             return (), None
-        sagc = from_dict(store.read_meta(step)["config"]).controller.sagc
+        controller = from_dict(store.read_meta(step)["config"]).controller
     except (ConfigError, OSError, KeyError, ValueError):  # unreadable, or keys since removed
         return (), None
     finally:
         store.close()
-    return sagc.candidates, sagc.delta
+    return controller.candidates, controller.delta

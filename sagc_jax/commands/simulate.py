@@ -57,8 +57,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
         cfg = load_config(args.config, timing_overrides(args))
         print(
-            f"over {args.seeds} seeds (sim.seed and controller.sagc.seed + 0..{args.seeds - 1}, "
-            "mean +- std; the last two columns paired against sagc):"
+            f"over {args.seeds} seeds (sim.seed and controller.sagc/hybrid.seed + "
+            f"0..{args.seeds - 1}, mean +- std; the last two columns paired against sagc):"
         )
         print(format_seed_table(run_seeds(cfg, args.seeds, timer), timer.label))
     return 0
@@ -99,11 +99,11 @@ def _compare_and_report(args, workload_factory, command: str):
     (out_dir / "table.md").write_text(table + "\n")
     written = write_csv(runs, rows, out_dir)
     if cfg.logging.plots:
-        written += write_plots(runs, out_dir, cfg.controller.sagc.delta)
-    sagc = cfg.controller.sagc
+        written += write_plots(runs, out_dir, cfg.controller.delta)
+    c = cfg.controller
     print(
-        f"{command}: {workload.num_steps} steps, tau={sagc.tau}, delta={sagc.delta}, "
-        f"scope={sagc.scope}, candidates={list(sagc.candidates)}"
+        f"{command}: {workload.num_steps} steps, tau={c.tau}, delta={c.delta}, "
+        f"scope={c.scope}, candidates={list(c.candidates)}"
     )
     print(table)
     print(f"wrote {len(written)} files to {out_dir}")

@@ -17,9 +17,9 @@ def make_controller(spec: str | ControllerConfig, config: ControllerConfig | Non
     """A fresh controller.
 
     ``spec`` is a :class:`ControllerConfig` or a string ``'sagc'`` / ``'sagc_plus'`` /
-    ``'fixed:G'`` / ``'hybrid'`` / ``'hybrid:<mode>'``; with a string, the SAGC, SAGC+ and hybrid
-    knobs and the straggler definition (tau, scope) come from ``config`` (defaults if None), the
-    mode from the string if it has one.
+    ``'fixed:G'`` / ``'hybrid'`` / ``'hybrid:<mode>'``; with a string, the shared straggler
+    budget (``controller.*``: ladder, tau, scope, delta, g_init) and each controller's own
+    section come from ``config`` (defaults if None), the mode from the string if it has one.
     """
     if isinstance(spec, ControllerConfig):
         config = spec
@@ -27,13 +27,13 @@ def make_controller(spec: str | ControllerConfig, config: ControllerConfig | Non
     config = config or ControllerConfig()
     kind, arg = parse_controller_spec(spec)
     if kind == "sagc":
-        return SAGCController(config.sagc)
+        return SAGCController(config, config.sagc)
     if kind == "sagc_plus":
-        return SAGCPlusController(config.sagc, config.sagc_plus)
+        return SAGCPlusController(config, config.sagc_plus)
     if kind == "hybrid":
         hybrid = config.hybrid if arg is None else dataclasses.replace(config.hybrid, mode=arg)
-        return HybridController(config.sagc, hybrid)
-    return FixedGroupController(arg, tau=config.sagc.tau, scope=config.sagc.scope)
+        return HybridController(config, hybrid)
+    return FixedGroupController(arg, tau=config.tau, scope=config.scope)
 
 
 __all__ = ["GroupController", "make_controller"]

@@ -25,7 +25,7 @@ Modes (``controller.hybrid.mode``):
 
 Trainer protocol::
 
-    ctrl = HybridController(cfg.controller.sagc, cfg.controller.hybrid)
+    ctrl = HybridController(cfg.controller, cfg.controller.hybrid)
     decision = ctrl.propose_for(prompt_ids, prompt_lengths, difficulty=None)
     # step:       decision is an int G; generate P x G rollouts, lengths [P, G]
     # per_prompt: decision is int64 [P] of sizes, sum == B; generate sizes[p] rollouts of
@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from sagc_jax.config import HybridConfig, SAGCConfig
+from sagc_jax.config import ControllerConfig, HybridConfig
 from sagc_jax.controller.allocation import allocate, check_budget
 from sagc_jax.controller.observation import (
     check_lengths,
@@ -64,15 +64,22 @@ from sagc_jax.controller.sagc import SAGCController
 
 
 class HybridController(SAGCController):
-    """SAGC with per-prompt straggle predictions; see the module docstring."""
+    """SAGC with per-prompt straggle predictions; see the module docstring.
+
+    ``budget``: the ladder, the straggler definition, the budget delta and the first G
+    (``controller.*``); ``hybrid``: its own knobs, SAGC's among them (``controller.hybrid``).
+    """
 
     prompt_aware = True
 
-    def __init__(self, config: SAGCConfig | None = None, hybrid: HybridConfig | None = None):
-        super().__init__(config)
+    def __init__(
+        self, budget: ControllerConfig | None = None, hybrid: HybridConfig | None = None
+    ) -> None:
         self.hybrid = hybrid or HybridConfig()
+        super().__init__(budget, self.hybrid)
         self.mode = self.hybrid.mode
-        self.predictor = StragglePredictor(self.hybrid, self.candidates, self.config.gamma)
+        gamma = self.hybrid.posterior_gamma
+        self.predictor = StragglePredictor(self.hybrid, self.candidates, gamma)
         self.rows_sum = 0
         self.groups_sum = 0
         self._prompts: dict[str, Any] | None = None  # the pending step's prompts

@@ -20,8 +20,9 @@ Hierarchy, each level shrunk toward the next with ``prior_strength`` pseudo-roll
           (prompt-length bin x difficulty bin, known before sampling)
   global  q_g = (K_g + 0.05) / (N_g + 1)  pooled over every rollout (a weak prior of one
           rollout at 5% for the very first step)
-Feature and global counts decay per step by SAGC's ``gamma``, so they follow the drift of
-lengths over training. A prompt never seen predicts its bin's rate; an empty bin, the global one.
+Feature and global counts decay per step by ``controller.hybrid.posterior_gamma`` (the forgetting
+of the hybrid's SAGC posteriors), so they follow the drift of lengths over training. A prompt
+never seen predicts its bin's rate; an empty bin, the global one.
 
 The calibration record compares, for every observed group, the prediction made before its
 lengths were seen with whether it straggled, binned by predicted probability.

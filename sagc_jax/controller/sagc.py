@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from sagc_jax.config import SAGCConfig
+from sagc_jax.config import ControllerConfig, SAGCConfig
 from sagc_jax.controller.base import GroupController
 
 _MASK64 = (1 << 64) - 1
@@ -41,18 +41,26 @@ def _unpack_rng(words: np.ndarray) -> np.random.Generator:
 
 
 class SAGCController(GroupController):
-    """Straggler-aware group-size controller; see the module docstring and ``SAGCConfig``."""
+    """Straggler-aware group-size controller; see the module docstring.
 
-    def __init__(self, config: SAGCConfig | None = None) -> None:
+    ``budget``: the ladder, the straggler definition, the budget delta and the first G
+    (``controller.*``); ``config``: SAGC's own knobs (``controller.sagc``).
+    """
+
+    def __init__(
+        self, budget: ControllerConfig | None = None, config: SAGCConfig | None = None
+    ) -> None:
+        budget = budget or ControllerConfig()
         config = config or SAGCConfig()
-        super().__init__(config.candidates, config.tau, config.scope)
+        super().__init__(budget.candidates, budget.tau, budget.scope)
+        self.delta = budget.delta
         self.config = config
         self.utility = np.log2(np.asarray(self.candidates, dtype=np.float64))
         k = len(self.candidates)
         self.alpha = np.full(k, config.alpha0, dtype=np.float64)
         self.beta = np.full(k, config.beta0, dtype=np.float64)
         self.lam = 0.0
-        g_init = config.g_init if config.g_init is not None else self.candidates[k // 2]
+        g_init = budget.g_init if budget.g_init is not None else self.candidates[k // 2]
         self.rung = self.candidates.index(g_init)
         self.rng = np.random.Generator(np.random.PCG64(config.seed))
 
@@ -95,14 +103,14 @@ class SAGCController(GroupController):
         """Decay every arm toward its prior, add ``s_t`` to the arm played (None: no arm, as
         with a fixed rollout budget) and take the dual step; the lengths are not used."""
         cfg = self.config
-        self.alpha = cfg.alpha0 + cfg.gamma * (self.alpha - cfg.alpha0)
-        self.beta = cfg.beta0 + cfg.gamma * (self.beta - cfg.beta0)
+        self.alpha = cfg.alpha0 + cfg.posterior_gamma * (self.alpha - cfg.alpha0)
+        self.beta = cfg.beta0 + cfg.posterior_gamma * (self.beta - cfg.beta0)
         if group_size is not None:
             played = self.candidates.index(group_size)
             self.alpha[played] += s_t
             self.beta[played] += 1.0 - s_t
             self.rung = played
-        self.lam = min(max(self.lam + cfg.eta * (s_t - cfg.delta), 0.0), cfg.lambda_max)
+        self.lam = min(max(self.lam + cfg.eta * (s_t - self.delta), 0.0), cfg.lambda_max)
         return {"lambda": self.lam, "posterior_mean": self.posterior_mean.copy()}
 
     def state_dict(self) -> dict[str, Any]:

@@ -3,15 +3,15 @@
 Same problem as the paper's SAGC (``sagc.py``): maximise ``log2 G`` on a ladder of candidates
 subject to a long-run straggler budget ``E[s_t] <= delta``, one G per step, from response
 lengths only. Same straggler definition (``tau``, ``scope``) and knobs of the budget
-(``controller.sagc``: candidates, tau, scope, delta, g_init). What differs, and why
+(``controller.*``: candidates, tau, scope, delta, g_init). What differs, and why
 (docs/controller.md, "SAGC+"):
 
 - **Evidence per group.** Every group of a step is one Bernoulli trial of its rung (16 groups: 16
   trials, not one fraction), and the played group also yields trials of every smaller rung: its
   rollouts are i.i.d. given the prompt, so consecutive chunks of ``G'`` of a group of ``G`` are
   samples of a group of ``G'`` (a group counts as one trial of ``G'``, the share of its chunks
-  that straggle). Counts are forgotten by ``gamma`` per step and capped at ``memory`` trials,
-  so a rung's estimate follows drift within a few steps and an unplayed rung keeps its last
+  that straggle). Counts are forgotten by ``trial_gamma`` per step and capped at ``memory``
+  trials, so a rung's estimate follows drift within a few steps and an unplayed rung keeps its last
   estimate instead of decaying to a flat prior.
 - **Structure across rungs.** A one-parameter tail model, ``p(G) = 1 - exp(-theta G)`` (a
   per-rollout straggle hazard ``theta``, fitted to every rung's counts), gives each rung a prior
@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from sagc_jax.config import SAGCConfig, SAGCPlusConfig
+from sagc_jax.config import ControllerConfig, SAGCPlusConfig
 from sagc_jax.controller.base import GroupController
 from sagc_jax.controller.observation import censored_straggle, group_ratios
 
@@ -93,12 +93,18 @@ def best_mixture(p_k: np.ndarray, utility_k: np.ndarray, delta: float) -> tuple[
 
 
 class SAGCPlusController(GroupController):
-    """SAGC+; see the module docstring, ``SAGCConfig`` (the budget) and ``SAGCPlusConfig``."""
+    """SAGC+; see the module docstring.
 
-    def __init__(self, config: SAGCConfig | None = None, plus: SAGCPlusConfig | None = None):
-        config = config or SAGCConfig()
-        super().__init__(config.candidates, config.tau, config.scope)
-        self.config = config
+    ``budget``: the ladder, the straggler definition, the budget delta and the first G
+    (``controller.*``); ``plus``: SAGC+'s own knobs (``controller.sagc_plus``).
+    """
+
+    def __init__(
+        self, budget: ControllerConfig | None = None, plus: SAGCPlusConfig | None = None
+    ) -> None:
+        budget = budget or ControllerConfig()
+        super().__init__(budget.candidates, budget.tau, budget.scope)
+        self.delta = budget.delta
         self.plus = plus or SAGCPlusConfig()
         self.sizes_k = np.asarray(self.candidates, dtype=np.float64)
         self.utility = np.log2(self.sizes_k)
@@ -106,7 +112,7 @@ class SAGCPlusController(GroupController):
         self.straggled = np.zeros(k)  # effective straggling trials per rung
         self.trials = np.zeros(k)  # effective trials per rung
         self.slack = 0.0  # B = sum(delta - s_t), clipped to [-hysteresis, hysteresis]
-        g_init = config.g_init if config.g_init is not None else self.candidates[k // 2]
+        g_init = budget.g_init if budget.g_init is not None else self.candidates[k // 2]
         self.rung = self.candidates.index(g_init)
         self._cached_plan = None  # derived from the counts: not part of the state
 
@@ -121,7 +127,7 @@ class SAGCPlusController(GroupController):
         n_k, x_k, g_k = self.trials.tolist(), self.straggled.tolist(), self.candidates
         total = sum(n * g for n, g in zip(n_k, g_k, strict=True))  # a group of G: G rollouts
         if total <= 0.0:
-            return np.full(len(g_k), self.config.delta)
+            return np.full(len(g_k), self.delta)
         # per-rollout hazard seen at each rung, the empirical rate kept inside (0, 1)
         theta = sum(n * -math.log1p(-(x + 0.5) / (n + 1.0)) for n, x in zip(n_k, x_k, strict=True))
         theta /= total
@@ -172,7 +178,7 @@ class SAGCPlusController(GroupController):
         """``(estimate, lo, hi, share_hi)`` of the current counts (kept until they change)."""
         if self._cached_plan is None:
             p_k = self.estimate()
-            self._cached_plan = (p_k, *best_mixture(p_k, self.utility, self.config.delta))
+            self._cached_plan = (p_k, *best_mixture(p_k, self.utility, self.delta))
         return self._cached_plan
 
     # ------------------------------------------------------------------ decisions
@@ -202,13 +208,13 @@ class SAGCPlusController(GroupController):
     ) -> dict[str, Any]:
         plus = self.plus
         straggled, trials = self.trials_by_rung(lengths_pg, s_t, finished_pg)
-        self.straggled = plus.gamma * self.straggled + straggled
-        self.trials = plus.gamma * self.trials + trials
+        self.straggled = plus.trial_gamma * self.straggled + straggled
+        self.trials = plus.trial_gamma * self.trials + trials
         scale = np.minimum(1.0, plus.memory / np.maximum(self.trials, 1e-12))
         self.straggled *= scale
         self.trials *= scale
         h = plus.hysteresis
-        self.slack = min(max(self.slack + self.config.delta - s_t, -h), h)
+        self.slack = min(max(self.slack + self.delta - s_t, -h), h)
         self.rung = self.candidates.index(group_size)
         self._cached_plan = None
         p_k, lo, hi, _ = self._plan()

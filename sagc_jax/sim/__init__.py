@@ -1,15 +1,25 @@
-"""Offline simulator of group-size control (numpy only; never imports jax)."""
+"""Offline simulator of group-size control (numpy only; never imports jax).
 
-from sagc_jax.sim.runner import SimRun, compare, run_controller
-from sagc_jax.sim.steptime import StepTime, StepTimer
-from sagc_jax.sim.workload import ReplayWorkload, SyntheticWorkload
+The names below are imported on first use: ``sagc_jax.config`` imports ``sim.config`` (the
+``sim:`` section), and the simulator's modules import ``sagc_jax.config``.
+"""
 
-__all__ = [
-    "ReplayWorkload",
-    "SimRun",
-    "StepTime",
-    "StepTimer",
-    "SyntheticWorkload",
-    "compare",
-    "run_controller",
-]
+import importlib
+
+_HOMES = {
+    "ReplayWorkload": "workload",
+    "SimRun": "runner",
+    "StepTime": "steptime",
+    "StepTimer": "steptime",
+    "SyntheticWorkload": "workload",
+    "compare": "runner",
+    "run_controller": "runner",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'sagc_jax.sim' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"sagc_jax.sim.{_HOMES[name]}"), name)

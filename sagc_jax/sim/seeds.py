@@ -2,12 +2,13 @@
 
     sagc-jax simulate --config configs/sim/prompt_pool.yaml --seeds 5 [--set k=v ...]
 
-Seed i sets ``sim.seed`` and ``controller.sagc.seed`` to their configured values + i, so every
-controller of a seed sees the same workload (common random numbers) and differences between
-controllers can be paired. Prints one markdown table: mean +- standard deviation over seeds of
-the straggler rate, mean G, mean log2 G and the modeled hours of the three rollout regimes
-(``sim.roofline``: compacting, the sampler's own, first), and the paired difference of each
-controller's compacting hours and mean log2 G against ``--reference`` (default ``sagc``).
+Seed i sets ``sim.seed`` and the Thompson seeds (``controller.sagc.seed``,
+``controller.hybrid.seed``) to their configured values + i, so every controller of a seed sees
+the same workload (common random numbers) and differences between controllers can be paired.
+Prints one markdown table: mean +- standard deviation over seeds of the straggler rate, mean G,
+mean log2 G and the modeled hours of the three rollout regimes (``sim.roofline``: compacting,
+the sampler's own, first), and the paired difference of each controller's compacting hours and
+mean log2 G against ``--reference`` (default ``sagc``).
 """
 
 from __future__ import annotations
@@ -33,10 +34,13 @@ PAIRED = "compacting_h"  # the hours paired against the reference: the sampler's
 
 
 def seed_config(cfg: Config, offset: int) -> Config:
-    """``cfg`` with ``sim.seed`` and ``controller.sagc.seed`` moved by ``offset``."""
+    """``cfg`` with ``sim.seed``, ``controller.sagc.seed`` and ``controller.hybrid.seed`` moved
+    by ``offset``."""
+    c = cfg.controller
     sim = dataclasses.replace(cfg.sim, seed=cfg.sim.seed + offset)
-    sagc = dataclasses.replace(cfg.controller.sagc, seed=cfg.controller.sagc.seed + offset)
-    controller = dataclasses.replace(cfg.controller, sagc=sagc)
+    sagc = dataclasses.replace(c.sagc, seed=c.sagc.seed + offset)
+    hybrid = dataclasses.replace(c.hybrid, seed=c.hybrid.seed + offset)
+    controller = dataclasses.replace(c, sagc=sagc, hybrid=hybrid)
     return dataclasses.replace(cfg, sim=sim, controller=controller)
 
 

@@ -44,7 +44,7 @@ def device_memory() -> tuple[int, str]:
 def ladder_key(cfg: Config) -> str:
     """The config key that sets the largest candidate G."""
     kind = cfg.controller.kind
-    return "controller.group_size" if kind == "fixed" else "controller.sagc.candidates"
+    return "controller.group_size" if kind == "fixed" else "controller.candidates"
 
 
 def check_device_memory(cfg: Config) -> None:
