@@ -19,7 +19,8 @@ from helpers import sets, tree_digest, write_word_tokenizer
 
 from sagc_jax.cli import main
 from sagc_jax.config import load_config
-from sagc_jax.train.loop import Trainer, TrainingDiverged
+from sagc_jax.train.hooks import TrainingDiverged
+from sagc_jax.train.loop import Trainer
 from sagc_jax.train.safety.checkpoint import CheckpointStore
 from sagc_jax.train.safety.faults import CRASH_ENV
 

@@ -1,6 +1,6 @@
-"""What a resume checks beyond the config (train/loop.py): the data files are the ones the
-checkpoint was trained on (path, size, sha256). Each test is a row of the Reliability table in
-docs/reliability.md."""
+"""What a resume checks beyond the config (train/safety/run_state.py): the data files are the
+ones the checkpoint was trained on (path, size, sha256). Each test is a row of the Reliability
+table in docs/reliability.md."""
 
 import json
 

@@ -110,13 +110,13 @@ def test_resume_with_a_different_config_is_refused(tmp_path, capsys):
     try:
         older = to_dict(trainer.cfg)
         del older["controller"]["hybrid"], older["data"]["curriculum_steps"]
-        trainer._check_resumable({"config": older})
+        trainer.run_state.check_resumable({"config": older})
         # the simulator's section (its defaults change with releases) is not the run's
         older["sim"]["controllers"] = ["fixed:4", "sagc"]
-        trainer._check_resumable({"config": older})
+        trainer.run_state.check_resumable({"config": older})
         older["loss"]["eps_high"] = 0.28
         with pytest.raises(ConfigError, match="loss.eps_high"):
-            trainer._check_resumable({"config": older})
+            trainer.run_state.check_resumable({"config": older})
     finally:
         trainer.close()
 

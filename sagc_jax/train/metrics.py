@@ -1,14 +1,166 @@
-"""Per-step metrics: one JSONL line (the simulator's replay format) and TensorBoard scalars,
-written; and read back (``read_metrics``) into the run's summary (``summarize``)."""
+"""Per-step metrics: made from what a step produced (``step_record``), written as one JSONL line
+(the simulator's replay format) and TensorBoard scalars, and read back (``read_metrics``) into
+the run's summary (``summarize``). Reading them back does not import jax."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from sagc_jax.controller import GroupController
+    from sagc_jax.train.rollout import Rollouts
+    from sagc_jax.train.tail import TailBatcher
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """What one train step produced, this process's rows (``step_record`` makes the log line of
+    it)."""
+
+    step: int  # steps done, this one included
+    group_size: int | np.ndarray  # G, or int64 [P] per-prompt sizes (hybrid per_prompt)
+    batch: Rollouts  # the rows trained on (informative groups of every round)
+    rounds: list[Rollouts]  # every sampling round, as sampled
+    update_rows: int  # packed rows (or one per rollout, unpacked)
+    rewards: np.ndarray  # float32 [N] shaped rewards of ``batch``
+    zero_variance_p: np.ndarray  # bool [P] groups whose rewards were all equal
+    update: dict[str, float]  # the update program's metrics
+    controller: dict[str, Any]  # what the controller observed
+    lengths: np.ndarray  # int [all rows] completion lengths, every process's, every round
+    clock: dict[str, float]  # when the stages ended: start, sampled, packed, updated, end
+
+
+def step_record(
+    result: StepResult,
+    controller: GroupController,
+    tail: TailBatcher | None,
+    *,
+    epochs: int,
+    compiles: dict[str, int],
+) -> dict[str, Any]:
+    """The step's metrics (one JSONL line, docs/metrics.md), over every process's rows (a
+    collective: every process calls it). ``controller`` and ``tail`` (None: tail batching off)
+    add their own keys; ``epochs``: passes over the update batch; ``compiles``: programs
+    compiled so far (``sampler``, ``update``)."""
+    from sagc_jax.parallel import gather_rows  # here: reading metrics back stays free of jax
+    from sagc_jax.train.rollout import Rollouts
+
+    batch, ctrl, lengths, clock = result.batch, result.controller, result.lengths, result.clock
+    all_rounds = Rollouts.concat(result.rounds)
+    rewards = gather_rows(result.rewards)
+    local_counts = np.array(
+        [
+            [
+                sum(len(r.failed_rows) for r in result.rounds),
+                sum(len(r.timed_out_rows) for r in result.rounds),
+                int(batch.prompt_lens.sum()),
+                int(batch.lengths.sum()),
+            ]
+        ]
+    )
+    failed, timed_out, prompt_tokens, trained_tokens = gather_rows(local_counts).sum(axis=0)
+    t_rollout = clock["sampled"] - clock["start"]
+    t_update = clock["updated"] - clock["packed"]
+    total = clock["end"] - clock["start"]
+    generated = int(lengths.sum())
+    sizes_p = gather_rows(batch.group_sizes)
+    g = result.group_size
+    record = {
+        "reward": float(rewards.mean()),
+        "reward_raw": float(gather_rows(batch.rewards).mean()),
+        "accuracy": float(np.mean(gather_rows(all_rounds.rewards) >= 1.0)),
+        "length/mean": float(lengths.mean()),
+        "length/max": int(lengths.max()),
+        "length/min": int(lengths.min()),
+        "length/median": float(np.median(lengths)),
+        "length/trained_mean": float(trained_tokens) / len(rewards),
+        "truncated_frac": float(gather_rows(all_rounds.truncated).mean()),
+        "group_size": g if np.ndim(g) == 0 else float(sizes_p.mean()),
+        "prompts": len(sizes_p),
+        "rounds": len(result.rounds),
+        "zero_variance_frac": float(np.mean(gather_rows(result.zero_variance_p))),
+        "reward_failed_rows": int(failed),
+        "reward_timeouts": int(timed_out),
+        "controller/lambda": ctrl.get("lambda", 0.0),
+        "controller/s_t": ctrl["s_t"],
+        "controller/straggler_rate": ctrl["straggler_rate"],
+        "controller/max_ratio": ctrl["max_ratio"],
+        "padding_waste": ctrl["padding_waste"],
+        "decode_steps": all_rounds.decode_steps,
+        "decode/rows_per_step": all_rounds.rows_decoded / max(all_rounds.decode_steps, 1),
+        "decode/padding_share": 1.0
+        - all_rounds.live_rows_decoded / max(all_rounds.rows_decoded, 1),
+        "time/rollout_s": t_rollout,
+        "time/update_s": t_update,
+        "time/step_s": total,
+        "throughput/rollout_tokens_per_s": generated / max(t_rollout, 1e-9),
+        "throughput/tokens_per_s": generated / max(total, 1e-9),
+        # real prompt + completion tokens of the update batch, per second of update
+        "throughput/update_tokens_per_s": (prompt_tokens + trained_tokens)
+        * epochs
+        / max(t_update, 1e-9),
+        **{f"compiles/{kind}": count for kind, count in compiles.items()},
+        "update_rows": result.update_rows,  # packed rows (or one per rollout, unpacked)
+        **{f"update/{k}": v for k, v in result.update.items()},
+        "group_ratios": ctrl["group_ratios"],
+        "lengths": [  # group by group, every round
+            group.tolist()
+            for group in np.split(lengths, np.cumsum(gather_rows(all_rounds.group_sizes))[:-1])
+        ],
+        "prompt_tokens": int(prompt_tokens) // len(rewards),
+    }
+    if np.ndim(g):
+        record["group_sizes"] = sizes_p
+    record.update(_controller_metrics(ctrl, controller))
+    if tail is not None:
+        record.update(_tail_metrics(tail, ctrl, result.step))
+    if result.update.get("skipped", 0) > 0:
+        record["warning"] = "non-finite loss or gradient: update skipped"
+    return record
+
+
+def _controller_metrics(ctrl: dict[str, Any], controller: GroupController) -> dict[str, Any]:
+    """The keys only some controllers have: ``ctrl`` is what the step's observation returned."""
+    record = {}
+    if ctrl.get("posterior_mean") is not None:
+        record["controller/posterior_mean"] = ctrl["posterior_mean"]
+    if "slack" in ctrl:  # SAGC+: the budget slack that moves G between its two rungs
+        record["controller/slack"] = ctrl["slack"]
+    if controller.prompt_aware:
+        # the step's mean predicted straggle (made before sampling) beside the observed s_t,
+        # and the running calibration of every group so far
+        calibration = controller.calibration()
+        record["controller/predicted_s_t"] = ctrl.get("predicted_s_t", math.nan)
+        record["controller/calibration_ece"] = calibration["ece"]
+        record["controller/calibration_brier"] = calibration["brier"]
+    return record
+
+
+def _tail_metrics(tail: TailBatcher, ctrl: dict[str, Any], step: int) -> dict[str, Any]:
+    """Tail batching's keys after ``step`` steps (a collective); every process starts and
+    defers as many prompts."""
+    import jax
+
+    from sagc_jax.parallel import gather_rows
+
+    last, processes = tail.last, jax.process_count()
+    return {
+        "tail/long_round": last["long"],
+        "tail/prompts_started": last["started"] * processes,
+        "tail/deferred": last["deferred"] * processes,
+        "tail/waited_max": int(gather_rows(np.array([last["waited"]])).max()),
+        "tail/queue": len(tail.queue) * processes,
+        "tail/queue_oldest": tail.oldest(step),
+        "tail/long_rounds": tail.long_rounds,
+        "tail/censored_groups": ctrl.get("censored_groups", 0),
+        "tail/censored_stragglers": ctrl.get("censored_stragglers", 0),
+    }
 
 
 def _plain(value: Any) -> Any:

@@ -1,4 +1,6 @@
-"""One rollout round on the host side: prompts -> tokens -> sampler -> text -> rewards.
+"""Rollouts on the host side: one round (``generate``: prompts -> tokens -> sampler -> text ->
+rewards) and a training step's batch of them (``sample_step``: one round, DAPO dynamic
+sampling's rounds, or tail batching's round), with the rewards' overlong shaping.
 
 The rollouts are prompt p's G_p completions consecutively (one G for every prompt, or per-prompt
 sizes from the hybrid controller); the sampler prefills each prompt once. Its program depends on
@@ -8,14 +10,21 @@ sizes from the hybrid controller); the sampler prefills each prompt once. Its pr
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 
-from sagc_jax.parallel import gather_rows
+from sagc_jax.config import Config
+from sagc_jax.parallel import any_process, gather_rows
+from sagc_jax.rl import informative_groups, overlong_penalty
 from sagc_jax.sampling.padding import left_pad
 from sagc_jax.tasks import score_batch
-from sagc_jax.tasks.source import Prompt
+from sagc_jax.tasks.source import Prompt, PromptSource
+from sagc_jax.train.shapes import prompts_for
+
+if TYPE_CHECKING:
+    from sagc_jax.train.tail import TailBatcher
 
 
 @dataclasses.dataclass
@@ -179,3 +188,126 @@ def generate(
         live_rows_decoded=int(out.live_rows_decoded),
         cut=np.asarray(out.cut_b) if keep_groups else None,
     )
+
+
+# ---------------------------------------------------------------------- a training step's batch
+
+
+def shaped_rewards(r: Rollouts, cfg: Config) -> np.ndarray:
+    """Rewards after DAPO overlong shaping, float32 [N]."""
+    loss = cfg.loss
+    return r.rewards + overlong_penalty(
+        r.lengths,
+        cfg.sampling.max_new_tokens,
+        loss.overlong_buffer,
+        loss.overlong_penalty,
+    )
+
+
+def sample_step(
+    sampler,
+    params,
+    source: PromptSource,
+    step: int,
+    sizes: int | np.ndarray,
+    key: jax.Array,
+    *,
+    cfg: Config,
+    tail: TailBatcher | None,
+) -> tuple[Rollouts, list[Rollouts]]:
+    """(the training batch, every round sampled for it) of step ``step``: this process's share
+    of P groups of G, or of the per-prompt ``sizes`` [P]. Tail batching (``tail``) samples one
+    round and trains on its first whole groups; otherwise see :func:`_sample_rounds`."""
+    num_prompts = prompts_for(cfg, sizes) if np.ndim(sizes) == 0 else len(sizes)
+    settings = _generate_settings(cfg, source, step, num_prompts)
+    if tail is None:
+        return _sample_rounds(
+            sampler, params, source, step, sizes, key, cfg=cfg, num_prompts=num_prompts, **settings
+        )
+    round_ = tail.next_round(source, step, num_prompts)  # or a long round's every group
+    r = generate(
+        sampler,
+        params,
+        source,
+        round_.prompts,
+        sizes,
+        key,
+        keep_groups=round_.keep_groups,
+        **settings,
+    )
+    kept = tail.settle(round_, r.cut_p, step)
+    return r.select_groups(kept), [r]
+
+
+def _generate_settings(
+    cfg: Config, source: PromptSource, step: int, num_prompts: int
+) -> dict[str, Any]:
+    """The keyword arguments of :func:`generate` that are the same for every round of a step."""
+    s = cfg.sampling
+    settings = dict(
+        max_new_tokens=s.max_new_tokens,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        buckets=source.prompt_buckets,  # sampling.prompt_buckets, 'auto' resolved
+        reward_on_error=cfg.data.reward_on_error,
+    )
+    if source.rounds_per_step > 1:  # every round of the step gets one width
+        settings["min_length"] = max(
+            len(source.encode(p))
+            for round_ in range(source.rounds_per_step)
+            for p in source.batch(step, round_, num_prompts)
+        )
+    return settings
+
+
+def _sample_rounds(
+    sampler,
+    params,
+    source: PromptSource,
+    step: int,
+    sizes: int | np.ndarray,
+    key: jax.Array,
+    *,
+    cfg: Config,
+    num_prompts: int,
+    **settings,
+) -> tuple[Rollouts, list[Rollouts]]:
+    """The first round; with ``loss.dynamic_sampling``, the informative groups (rewards not all
+    equal) of up to ``source.rounds_per_step`` rounds, until every process has its share of
+    groups, filled up with the first round's zero-advantage groups to keep the shape.
+    ``settings``: :func:`generate`'s keyword arguments."""
+    local_prompts = num_prompts // jax.process_count()  # this process's groups
+    rounds = []
+    kept: list[Rollouts] = []
+    kept_groups = 0
+    for round_ in range(source.rounds_per_step):
+        prompts = source.batch(step, round_, num_prompts)
+        r = generate(
+            sampler,
+            params,
+            source,
+            prompts,
+            sizes,
+            jax.random.fold_in(key, round_),
+            **settings,
+        )
+        rounds.append(r)
+        if not cfg.loss.dynamic_sampling:
+            return r, rounds
+        informative = np.flatnonzero(informative_groups(shaped_rewards(r, cfg).reshape(-1, sizes)))
+        take = informative[: local_prompts - kept_groups]
+        if len(take):
+            kept.append(r.select_groups(take))
+            kept_groups += len(take)
+        # Every process samples the same number of rounds (the sampler is one program).
+        if not any_process(kept_groups < local_prompts):
+            break
+    if kept_groups < local_prompts:  # fill with zero-advantage groups to keep the shape
+        first = rounds[0]
+        spare = np.setdiff1d(
+            np.arange(local_prompts),
+            np.flatnonzero(informative_groups(shaped_rewards(first, cfg).reshape(-1, sizes))),
+        )
+        kept.append(first.select_groups(spare[: local_prompts - kept_groups]))
+    return Rollouts.concat(kept), rounds

@@ -1,10 +1,12 @@
 """Checks a run makes before it builds or compiles anything costly: does the config's largest
 candidate G fit the devices' memory (``sagc-jax plan``'s estimate), and does one checkpoint fit
-the run directory's disk. Each refusal is one line naming the size and the key to change."""
+the run directory's disk. Each refusal is one line naming the size and the key to change. And
+from the same estimate, how many rollout rows decode at once (``sampling.slots: auto``)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -64,6 +66,20 @@ def check_device_memory(cfg: Config) -> None:
         f"{biggest.detail}); lower the ladder or {_LEVERS.get(biggest.name, 'the batch')}, or set "
         f"train.memory_check=false to start anyway"
     )
+
+
+def rollout_slots(cfg: Config, report: Callable[[str], None]) -> int:
+    """``sampling.slots`` as rows (0: every rollout of a step); ``auto``: as many as the
+    devices' memory holds beside the rest of ``sagc-jax plan``'s estimate, said through
+    ``report`` (``cfg``'s prompt buckets must be concrete)."""
+    slots = cfg.sampling.slots
+    if slots != "auto":
+        return slots
+    from sagc_jax.train.plan import auto_slots
+
+    chosen = auto_slots(cfg, jax.device_count(), device_memory()[0])
+    report(f"sampling.slots = auto: {chosen} rows decode at once")
+    return chosen
 
 
 def check_free_space(run_dir: str | Path, items) -> None:

@@ -19,6 +19,8 @@ import socket
 import time
 from pathlib import Path
 
+from sagc_jax import parallel  # its names load jax on first use only
+
 LOCK_FILE = "run.lock"
 
 
@@ -86,6 +88,20 @@ class RunLock:
         os.pwrite(fd, json.dumps(info).encode(), 0)
         os.fsync(fd)
         self._fd = fd
+
+    def acquire_for_all(self) -> None:
+        """Process 0 takes the lock for every process of a run; every process raises
+        RunDirError if it cannot (a collective)."""
+        error = None
+        if parallel.is_leader():
+            try:
+                self.acquire()
+            except RunDirError as err:
+                error = err
+        if parallel.any_process(error is not None):
+            raise error or RunDirError(
+                f"{self.path.parent}: process 0 could not lock the run directory"
+            )
 
     def release(self) -> None:
         """Remove the lock file, then release the lock (in this order, so that a process that

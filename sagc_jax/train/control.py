@@ -1,0 +1,67 @@
+"""The controller's two calls in a training step, the same on every process: the group size it
+proposes before sampling (checked to be process 0's) and what it observes after the update
+(every process's rollouts of every round)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from sagc_jax.controller import GroupController
+from sagc_jax.parallel import any_process, from_leader, gather_rows
+from sagc_jax.tasks.source import PromptSource
+from sagc_jax.train.rollout import Rollouts
+
+
+def agreed_group_size(
+    controller: GroupController, source: PromptSource, step: int, prompts_per_step: int
+) -> int | np.ndarray:
+    """The controller's G for step ``step``, or int64 [P] per-prompt sizes (hybrid
+    ``per_prompt``), checked to be process 0's (the controllers of all processes see the same
+    gathered statistics and prompts, so they must agree)."""
+    if controller.prompt_aware:
+        g = controller.propose_for(*_step_prompts(source, step, prompts_per_step))
+    else:
+        g = controller.propose()
+    leader_g = from_leader(np.asarray(g, np.int32))
+    if any_process(not np.array_equal(leader_g, g)):  # all stop together, none waits alone
+        raise RuntimeError(
+            f"step {step}: the processes' controllers disagree (process "
+            f"{jax.process_index()}: G = {g}, process 0: G = {leader_g}); their states diverged"
+        )
+    return g
+
+
+def _step_prompts(
+    source: PromptSource, step: int, prompts_per_step: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(ids int64 [P], prompt tokens int64 [P]) of the step's prompts, every process's, in
+    the order of the global batch (``train.batch_mode: prompts``: they do not depend on G)."""
+    prompts = source.batch(step, 0, prompts_per_step)
+    ids = np.array([p.id for p in prompts], np.int64)
+    tokens = np.array([len(source.encode(p)) for p in prompts], np.int64)
+    return gather_rows(ids), gather_rows(tokens)
+
+
+def observe(
+    controller: GroupController, rounds: list[Rollouts]
+) -> tuple[dict[str, Any], np.ndarray]:
+    """The controller sees every process's lengths of every round: (its stats, lengths);
+    the hybrid also their groups' sizes, prompt ids and raw rewards."""
+    every = Rollouts.concat(rounds)
+    lengths = gather_rows(every.lengths)
+    sizes_p = gather_rows(every.group_sizes)
+    if not controller.prompt_aware:
+        lengths_pg = lengths.reshape(len(sizes_p), -1)
+        if every.cut is None:
+            return controller.observe(lengths_pg), lengths
+        # tail batching: a cut rollout's length is a lower bound
+        finished_pg = ~gather_rows(every.cut).reshape(lengths_pg.shape)
+        return controller.observe(lengths_pg, finished_pg=finished_pg), lengths
+    ids_p = gather_rows(np.array([p.id for p in every.prompts], np.int64))
+    ctrl = controller.observe(
+        lengths, group_sizes=sizes_p, prompt_ids=ids_p, rewards=gather_rows(every.rewards)
+    )
+    return ctrl, lengths
