@@ -329,7 +329,7 @@ def run_sagc(jax_model, cfg, prompts_pt, args) -> tuple[Timing, float]:
     root_key = jax.random.key(args.seed)
 
     def update_batch(completion, old_logp, mask, adv) -> dict:
-        """The update's input as `Trainer._update_batch` builds it (one process)."""
+        """The update's input as `UpdateBatcher` (train/update_batch.py) builds it (one process)."""
         if not args.packing:
             return {
                 "prompt_ids": prompt_ids,

@@ -107,7 +107,8 @@ def _train(cfg: Config, args: argparse.Namespace, run: dict) -> int:
     import jax
 
     from sagc_jax.parallel import is_leader
-    from sagc_jax.train.loop import Trainer, TrainingDiverged
+    from sagc_jax.train.hooks import TrainingDiverged
+    from sagc_jax.train.loop import Trainer
     from sagc_jax.train.safety.faults import resume_hint
 
     if jax.process_count() > 1 and not cfg.logging.run_dir:

@@ -41,7 +41,6 @@ from sagc_jax.train.hooks import (
     Hooks,
     ProgressBar,
     SpikeGuard,
-    TrainingDiverged,  # noqa: F401 (cli.py imports it from here)
 )
 from sagc_jax.train.lora_base import base_identity
 from sagc_jax.train.metrics import MetricsWriter, StepResult, read_metrics, step_record, summarize
