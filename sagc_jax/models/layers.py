@@ -275,32 +275,31 @@ def _write(k_bkhs, v_bksh, k_bkht, v_bkth, index):
 
 
 def _write_blocks(k_blocks, v_blocks, k_bkh1, v_bk1h, index):
-    """One new key and value per row written at slot index[b] (or the scalar ``index``) of a
-    cache in blocks along S: each block takes the rows whose slot it holds; in the others a
-    row writes back the value it already has (an update slice clamps its start, so it cannot
-    simply be skipped)."""
+    """One new key and value per row written at slot index[b] (or every row's at the scalar
+    ``index``) of a cache in blocks along S: the block that holds a row's slot takes its value,
+    the others get back the value they already have there (an update slice clamps its start,
+    so it cannot simply be skipped)."""
     zero = jnp.zeros((), jnp.int32)
-    b = k_bkh1.shape[0]
-    index_b = jnp.broadcast_to(index, (b,))
+
+    def put(c, x, i, inside, axis):
+        """x written into c at slot i along axis where inside, c's own value there elsewhere."""
+        at = [zero] * c.ndim
+        at[axis] = i
+        old = jax.lax.dynamic_slice(c, at, x.shape)
+        return jax.lax.dynamic_update_slice(c, jnp.where(inside, x.astype(c.dtype), old), at)
+
     new_k, new_v, offset = [], [], 0
     for k_bkhs, v_bksh in zip(k_blocks, v_blocks, strict=True):
         width = v_bksh.shape[2]
-        local_b = index_b - offset
-        inside_b = (local_b >= 0) & (local_b < width)
-        local_b = jnp.clip(local_b, 0, width - 1)
-
-        def put(c, x, i, inside, axis):
-            at = [zero] * c.ndim
-            at[axis] = i
-            old = jax.lax.dynamic_slice(c, at, x.shape)
-            return jax.lax.dynamic_update_slice(c, jnp.where(inside, x.astype(c.dtype), old), at)
-
-        new_k.append(
-            jax.vmap(lambda c, x, i, ok: put(c, x, i, ok, 2))(k_bkhs, k_bkh1, local_b, inside_b)
-        )
-        new_v.append(
-            jax.vmap(lambda c, x, i, ok: put(c, x, i, ok, 1))(v_bksh, v_bk1h, local_b, inside_b)
-        )
+        local = index - offset
+        inside = (local >= 0) & (local < width)
+        local = jnp.clip(local, 0, width - 1)
+        if index.ndim == 0:  # one slot for every row: one slice of the whole batch
+            new_k.append(put(k_bkhs, k_bkh1, local, inside, 3))
+            new_v.append(put(v_bksh, v_bk1h, local, inside, 2))
+        else:
+            new_k.append(jax.vmap(functools.partial(put, axis=2))(k_bkhs, k_bkh1, local, inside))
+            new_v.append(jax.vmap(functools.partial(put, axis=1))(v_bksh, v_bk1h, local, inside))
         offset += width
     return tuple(new_k), tuple(new_v)
 
