@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import TINY, sets
+from helpers import PYTHONPATH, ROOT, TINY, sets
 
 from sagc_jax.cli import main
 from sagc_jax.config import ConfigError, load_config
@@ -23,7 +23,6 @@ from sagc_jax.models.lora import TARGETS, LoRAParam, delta, merge_adapters, scal
 from sagc_jax.train.loop import Trainer
 from sagc_jax.train.lora_base import base_identity, check_same_base
 
-TESTS = Path(__file__).parent
 # DAPO's overlong shaping: the random tiny model's rewards differ by length, so the adapters
 # get real gradients (all-zero rewards give none)
 LORA = ["model.lora_rank=4", "logging.tensorboard=false", "loss.overlong_buffer=8"]
@@ -259,7 +258,7 @@ MESH_RUN = [
 
 def _train_on(devices: int, run_dir, extra=()):
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS.parent), str(TESTS)])
+    env["PYTHONPATH"] = PYTHONPATH
     overrides = [f"--set={o}" for o in [*MESH_RUN, *extra, f"logging.run_dir={run_dir}"]]
     cmd = [sys.executable, "-m", "sagc_jax", "train", "--set=train.steps=2", *overrides]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
@@ -318,7 +317,7 @@ print(json.dumps({k: spec(v) for k, v in {
     "down_b": a["mlp"]["down_lora_b_rd"]}.items()}))
 """
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
-    env["PYTHONPATH"] = str(TESTS.parent)
+    env["PYTHONPATH"] = str(ROOT)
     out = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
     )

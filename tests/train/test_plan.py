@@ -1,16 +1,16 @@
 """`sagc-jax plan`: per-device memory from shapes, on the paper's 3B configs."""
 
 import math
-from pathlib import Path
 
 import jax.numpy as jnp
 import pytest
+from helpers import ROOT
 
 from sagc_jax.cli import main
 from sagc_jax.config import ConfigError, load_config
 from sagc_jax.train.plan import auto_slots, lora_comparison, memory_plan
 
-PAPER = Path(__file__).parent.parent / "configs" / "paper"
+PAPER = ROOT / "configs" / "paper"
 
 
 def _items(plan):

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import TINY
+from helpers import PYTHONPATH, TINY
 from jax.sharding import AbstractMesh, PartitionSpec
 
 from sagc_jax.config import ConfigError, MeshConfig, load_config
@@ -23,20 +23,19 @@ from sagc_jax.models import axes as ax
 from sagc_jax.parallel import RULES, initialize, mesh_shape
 from sagc_jax.train.shapes import check_batch_shapes
 
-TESTS = Path(__file__).parent
-ROOT = TESTS.parent
+WORKER = Path(__file__).parent / "sharded_worker.py"
 
 
 def _env(devices: int) -> dict:
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(TESTS)])
+    env["PYTHONPATH"] = PYTHONPATH
     env.pop("JAX_COORDINATOR_ADDRESS", None)
     return env
 
 
 def _worker(*args) -> dict:
     out = subprocess.run(
-        [sys.executable, str(TESTS / "sharded_worker.py"), *args],
+        [sys.executable, str(WORKER), *args],
         env=_env(8),
         capture_output=True,
         text=True,

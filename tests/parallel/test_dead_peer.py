@@ -8,17 +8,13 @@ import socket
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
-from helpers import TINY
+from helpers import PYTHONPATH, ROOT, TINY
 
 from sagc_jax.config import ConfigError
 from sagc_jax.parallel import EXIT_PEER_LOST, initialize, supervisor
 from sagc_jax.parallel.distributed import FAILED, PeerWatch
-
-TESTS = Path(__file__).parent
-ROOT = TESTS.parent
 
 RUN = [
     *TINY,
@@ -108,7 +104,7 @@ def _two_processes(run_dir, crash_at=None, crashing=1):
     procs = []
     for i in range(2):
         env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(TESTS)])
+        env["PYTHONPATH"] = PYTHONPATH
         env.pop("JAX_COORDINATOR_ADDRESS", None)
         if crash_at and i == crashing:
             env["SAGC_JAX_CRASH_AT"] = crash_at

@@ -6,27 +6,19 @@ import re
 import chex
 import numpy as np
 import pytest
-from helpers import TINY, capture_figures, delta_lines, legend_labels, write_word_tokenizer
+from helpers import (
+    TINY,
+    CyclingController,
+    capture_figures,
+    delta_lines,
+    legend_labels,
+    write_word_tokenizer,
+)
 
 from sagc_jax.cli import main
 from sagc_jax.config import ConfigError, load_config, to_dict
-from sagc_jax.controller import GroupController
 from sagc_jax.sim import ReplayWorkload
 from sagc_jax.train.loop import Trainer
-
-
-class CyclingController(GroupController):
-    """Visits the candidates in a fixed cycle (drives the compile-count test)."""
-
-    def __init__(self, candidates):
-        super().__init__(tuple(candidates), tau=3.0, scope="group")
-        self.order = [g for _ in range(3) for g in candidates]
-
-    def _decide(self):
-        return self.order[self.step % len(self.order)]
-
-    def _learn(self, group_size, s_t, lengths_pg):
-        return {}
 
 
 @pytest.mark.parametrize("packing", [False, True])

@@ -1,6 +1,7 @@
 """Packed update: the host packer, segment-causal attention, and packed == padded for the loss,
 gradients and parameters (GRPO / DAPO / Dr. GRPO, KL, micro-batches, a mesh), one program per
-rung. ``python tests/test_packing.py mesh`` is the 8-simulated-device part (run in a subprocess).
+rung. ``python tests/train/test_packing.py mesh`` is the 8-simulated-device part (run in a
+subprocess).
 """
 
 import functools
@@ -8,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import chex
 import jax
@@ -17,6 +17,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from helpers import PYTHONPATH
 
 from sagc_jax.models import Decoder, get_preset
 from sagc_jax.models.layers import _attend_dot_product, _attend_splash, attend, resolve_attention
@@ -350,9 +351,8 @@ def test_an_update_batch_off_its_spec_is_refused(change, message):
 
 
 def test_packed_equals_padded_on_a_mesh():
-    tests = Path(__file__).parent
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
-    env["PYTHONPATH"] = os.pathsep.join([str(tests.parent), str(tests)])
+    env["PYTHONPATH"] = PYTHONPATH
     out = subprocess.run(
         [sys.executable, __file__, "mesh"], env=env, capture_output=True, text=True, timeout=600
     )
