@@ -112,6 +112,7 @@ def _update_batch(rows=8, prompt=6, new=12, seed=0):
     }
 
 
+@pytest.mark.slow
 def test_only_the_adapters_train_and_the_reference_is_the_base(tmp_path):
     overrides = [*TINY, *LORA, "train.steps=2", "loss.kl_beta=0.05", "model.param_dtype=bfloat16"]
     cfg = load_config(None, overrides)
@@ -159,6 +160,7 @@ def _run(cfg_overrides, run_dir):
     return trainer
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly(tmp_path):
     common = [
         *TINY,
@@ -182,6 +184,7 @@ def test_resume_continues_exactly(tmp_path):
     assert "params" in saved and "opt_state" in saved
 
 
+@pytest.mark.slow
 def test_a_changed_base_is_refused(tmp_path, capsys):
     init = tmp_path / "init"  # a full fine-tuning run: its weights are the base
     full = [*TINY, "logging.tensorboard=false", f"logging.run_dir={init}"]
@@ -236,6 +239,7 @@ def test_bad_lora_keys_give_one_line_errors(tmp_path, capsys, override, message)
     assert err.count("\n") == 1 and message in err, err
 
 
+@pytest.mark.slow
 def test_lora_keys_cannot_change_on_resume(tmp_path, capsys):
     run = [*TINY, *LORA, "train.steps=1", f"logging.run_dir={tmp_path / 'run'}"]
     assert main(["train", *sets(run)]) == 0
@@ -283,6 +287,7 @@ def _lengths(run_dir):
     return [r["lengths"] for r in map(json.loads, lines) if "lengths" in r]
 
 
+@pytest.mark.slow
 def test_eight_devices_train_like_one(tmp_path):
     _train_on(1, tmp_path / "one")
     mesh = ["mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2"]

@@ -194,6 +194,7 @@ def test_ladder_rungs_and_rows_needed():
 # ---------------------------------------------------------------------- the model
 
 
+@pytest.mark.slow
 def test_segment_attention_paths_agree():
     rng = np.random.default_rng(0)
     q = jnp.asarray(rng.normal(size=(2, 16, 4, 8)), jnp.float32)
@@ -215,6 +216,7 @@ def test_segment_attention_paths_agree():
         attend(q, k, v, segment_ids_bt=seg, implementation="splash")
 
 
+@pytest.mark.slow
 def test_splash_kernel_in_interpret_mode_equals_einsum():
     """The TPU path, run by the Pallas interpreter on CPU (128 tokens: one splash tile)."""
     rng = np.random.default_rng(1)
@@ -227,6 +229,7 @@ def test_splash_kernel_in_interpret_mode_equals_einsum():
     )
 
 
+@pytest.mark.slow
 def test_packed_logprobs_equal_padded_completion_logprobs():
     graphdef, params = tiny_policy()
     b = rollouts(8, seed=4, drop=False)
@@ -250,6 +253,7 @@ def test_packed_logprobs_equal_padded_completion_logprobs():
 # ---------------------------------------------------------------------- packed == padded
 
 
+@pytest.mark.slow
 def test_loss_and_gradients_equal_padded_for_every_aggregation():
     """grpo / dapo / dr_grpo (with KL): the padded loss of the whole batch against the packed
     loss summed over two micro-batches of packed rows (rows c, c + 2, ...)."""
@@ -289,6 +293,7 @@ def test_loss_and_gradients_equal_padded_for_every_aggregation():
     chex.assert_trees_all_close(pack_g, pad_g, rtol=1e-7, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_update_equals_padded_with_kl_and_microbatches():
     """One update of two micro-batches (GRPO, KL): metrics and parameters, packed vs padded."""
     graphdef, params = tiny_policy()
@@ -310,6 +315,7 @@ def test_update_equals_padded_with_kl_and_microbatches():
     chex.assert_trees_all_close(p2, p1, rtol=1e-7, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_one_update_program_per_rung():
     graphdef, params = tiny_policy()
     tx = optax.sgd(0.1)
@@ -350,6 +356,7 @@ def test_an_update_batch_off_its_spec_is_refused(change, message):
 # ---------------------------------------------------------------------- on a mesh
 
 
+@pytest.mark.slow
 def test_packed_equals_padded_on_a_mesh():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
     env["PYTHONPATH"] = PYTHONPATH
