@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: train test simulate experiment lint clean clean-runs
+.PHONY: train test test-fast simulate experiment lint clean clean-runs
 
 # (Re)install when pyproject.toml changes; the venv is created on first use. The demo needs the
 # package alone; the tests (and lint) add the dev extra: pytest, ruff, CPU PyTorch, transformers.
@@ -67,9 +67,13 @@ experiment: $(STAMP)
 
 # The whole suite, one worker per core (pytest-xdist), a test file's tests on one worker so that
 # its fixtures are built once. tests/conftest.py gives every test and subprocess one persistent
-# XLA compilation cache.
+# XLA compilation cache. `make test-fast` leaves out the tests marked slow (training runs,
+# multi-process runs, real-size plans): the edit-run loop, under 2 minutes with a warm cache.
 test: $(DEV_STAMP)
 	$(PY) -m pytest -n auto --dist loadfile
+
+test-fast: $(DEV_STAMP)
+	$(PY) -m pytest -n auto --dist loadfile -m "not slow"
 
 lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check sagc_jax tests benchmarks

@@ -1,9 +1,9 @@
 """How fast the survivor of a two-process run stops when the other process is SIGKILLed.
 
-Two local CPU processes train the tiny preset (tests/test_dead_peer.py's run: checkpoints every
-2 steps, 4 steps); ``--kill`` chooses the process that kills itself in step 4 (0, the
-jax.distributed coordinator, or 1). Prints, per repeat, the survivor's exit code, the seconds
-from the death to the survivor's exit, and the survivor's stderr lines; then the range.
+Two local CPU processes train the tiny preset (tests/parallel/test_dead_peer.py's run:
+checkpoints every 2 steps, 4 steps); ``--kill`` chooses the process that kills itself in step 4
+(0, the jax.distributed coordinator, or 1). Prints, per repeat, the survivor's exit code, the
+seconds from the death to the survivor's exit, and the survivor's stderr lines; then the range.
 
     .venv/bin/python benchmarks/peer_death.py --kill 0 --repeats 5
 """

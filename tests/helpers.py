@@ -1,8 +1,21 @@
-"""Shared pieces of the trainer tests: a tiny run config, a tiny real tokenizer, and the data of
-the plots a command saves."""
+"""Shared pieces of the tests: where the repository and tests/ are (for the tests that start
+processes), a tiny run config, a tiny real tokenizer, a controller that cycles through its
+candidates, and the data of the plots a command saves.
+
+Every test imports it as ``helpers`` (pyproject's ``pythonpath`` puts tests/ on the path)."""
 
 import hashlib
 import json
+import os
+from pathlib import Path
+
+from sagc_jax.controller import GroupController
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent  # the repository: configs/, docs/, the sagc_jax package
+# PYTHONPATH of a process a test starts: the package, helpers, and sitecustomize.py (which lets
+# every process of a multi-process run write the suite's compilation cache, tests/conftest.py)
+PYTHONPATH = os.pathsep.join([str(ROOT), str(TESTS)])
 
 TINY = [
     "model.preset=tiny",
@@ -15,9 +28,23 @@ TINY = [
     "logging.progress=false",
     "controller.candidates=[2,4]",
     # one loop body per sampler program: the trainer tests compile fewer (tokens do not depend
-    # on it; tests/test_sampler_engine.py covers the rungs)
+    # on it; tests/sampling/test_sampler_engine.py covers the rungs)
     "sampling.row_buckets=1",
 ]
+
+
+class CyclingController(GroupController):
+    """Visits the candidates in a fixed cycle (drives the compile-count tests)."""
+
+    def __init__(self, candidates):
+        super().__init__(tuple(candidates), tau=3.0, scope="group")
+        self.order = [g for _ in range(3) for g in candidates]
+
+    def _decide(self):
+        return self.order[self.step % len(self.order)]
+
+    def _learn(self, group_size, s_t, lengths_pg):
+        return {}
 
 
 def write_word_tokenizer(path):
@@ -77,8 +104,6 @@ def tree_digest(path):
 def capture_figures(monkeypatch) -> dict:
     """{file name: matplotlib Figure} of every PNG the code under test saves (the files are still
     written): plots are checked as data (lines, bands, legends), not as images."""
-    from pathlib import Path
-
     from matplotlib.figure import Figure
 
     saved, savefig = {}, Figure.savefig

@@ -1,5 +1,5 @@
 """Loaded at start-up by every Python process a test starts with tests/ on PYTHONPATH (the
-multi-process runs of test_parallel.py and test_dead_peer.py): lets every process of a
+multi-process runs of tests/parallel/): lets every process of a
 multi-process run keep its compiled programs in the suite's compilation cache (tests/conftest.py).
 
 JAX writes cache entries from process 0 only, so that many hosts do not write one shared folder

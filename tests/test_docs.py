@@ -1,5 +1,6 @@
 """The documentation's links: every relative link in README.md, BENCHMARKS.md and docs/ points
-at a file that exists, and an anchor at a heading of that page."""
+at a file that exists, and an anchor at a heading of that page; every test file (and test) the
+pages name is there."""
 
 import re
 from pathlib import Path
@@ -34,3 +35,18 @@ def test_every_relative_link_resolves():
             elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
                 bad.append(f"{where} (no such heading)")
     assert seen > 50 and not bad, bad
+
+
+def test_every_test_the_pages_name_exists():
+    """``tests/.../test_x.py`` and ``tests/.../test_x.py::test_y`` in the pages: the file exists
+    (the tests move with the package's folders) and defines the test."""
+    bad, seen = [], 0
+    for page in PAGES:
+        for path, name in re.findall(r"(tests/[\w/]+\.py)(?:::(\w+))?", page.read_text()):
+            seen += 1
+            where = f"{page.relative_to(ROOT)}: {path}"
+            if not (ROOT / path).is_file():
+                bad.append(f"{where} (no such file)")
+            elif name and f"def {name}(" not in (ROOT / path).read_text():
+                bad.append(f"{where}::{name} (no such test)")
+    assert seen > 20 and not bad, bad

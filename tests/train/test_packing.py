@@ -1,6 +1,7 @@
 """Packed update: the host packer, segment-causal attention, and packed == padded for the loss,
 gradients and parameters (GRPO / DAPO / Dr. GRPO, KL, micro-batches, a mesh), one program per
-rung. ``python tests/test_packing.py mesh`` is the 8-simulated-device part (run in a subprocess).
+rung. ``python tests/train/test_packing.py mesh`` is the 8-simulated-device part (run in a
+subprocess).
 """
 
 import functools
@@ -8,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import chex
 import jax
@@ -17,6 +17,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from helpers import PYTHONPATH
 
 from sagc_jax.models import Decoder, get_preset
 from sagc_jax.models.layers import _attend_dot_product, _attend_splash, attend, resolve_attention
@@ -193,6 +194,7 @@ def test_ladder_rungs_and_rows_needed():
 # ---------------------------------------------------------------------- the model
 
 
+@pytest.mark.slow
 def test_segment_attention_paths_agree():
     rng = np.random.default_rng(0)
     q = jnp.asarray(rng.normal(size=(2, 16, 4, 8)), jnp.float32)
@@ -214,6 +216,7 @@ def test_segment_attention_paths_agree():
         attend(q, k, v, segment_ids_bt=seg, implementation="splash")
 
 
+@pytest.mark.slow
 def test_splash_kernel_in_interpret_mode_equals_einsum():
     """The TPU path, run by the Pallas interpreter on CPU (128 tokens: one splash tile)."""
     rng = np.random.default_rng(1)
@@ -226,6 +229,7 @@ def test_splash_kernel_in_interpret_mode_equals_einsum():
     )
 
 
+@pytest.mark.slow
 def test_packed_logprobs_equal_padded_completion_logprobs():
     graphdef, params = tiny_policy()
     b = rollouts(8, seed=4, drop=False)
@@ -249,6 +253,7 @@ def test_packed_logprobs_equal_padded_completion_logprobs():
 # ---------------------------------------------------------------------- packed == padded
 
 
+@pytest.mark.slow
 def test_loss_and_gradients_equal_padded_for_every_aggregation():
     """grpo / dapo / dr_grpo (with KL): the padded loss of the whole batch against the packed
     loss summed over two micro-batches of packed rows (rows c, c + 2, ...)."""
@@ -288,6 +293,7 @@ def test_loss_and_gradients_equal_padded_for_every_aggregation():
     chex.assert_trees_all_close(pack_g, pad_g, rtol=1e-7, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_update_equals_padded_with_kl_and_microbatches():
     """One update of two micro-batches (GRPO, KL): metrics and parameters, packed vs padded."""
     graphdef, params = tiny_policy()
@@ -309,6 +315,7 @@ def test_update_equals_padded_with_kl_and_microbatches():
     chex.assert_trees_all_close(p2, p1, rtol=1e-7, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_one_update_program_per_rung():
     graphdef, params = tiny_policy()
     tx = optax.sgd(0.1)
@@ -349,10 +356,10 @@ def test_an_update_batch_off_its_spec_is_refused(change, message):
 # ---------------------------------------------------------------------- on a mesh
 
 
+@pytest.mark.slow
 def test_packed_equals_padded_on_a_mesh():
-    tests = Path(__file__).parent
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
-    env["PYTHONPATH"] = os.pathsep.join([str(tests.parent), str(tests)])
+    env["PYTHONPATH"] = PYTHONPATH
     out = subprocess.run(
         [sys.executable, __file__, "mesh"], env=env, capture_output=True, text=True, timeout=600
     )

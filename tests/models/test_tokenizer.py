@@ -161,6 +161,7 @@ def test_tokenizer_without_eos_is_a_one_line_error_at_load(tmp_path, capsys, con
     assert err.startswith(f"error: {tmp_path / 'tok'}") and needle in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_tokenizer_command_then_train_a_dataset_run(tmp_path, capsys):
     """The walkthrough of docs/tasks.md: JSONL -> sagc-jax tokenizer -> sagc-jax train."""
     from helpers import TINY

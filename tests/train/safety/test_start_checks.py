@@ -84,6 +84,7 @@ def test_a_disk_without_room_for_a_checkpoint_is_refused_before_compiling(
     assert not run.exists()
 
 
+@pytest.mark.slow
 def test_a_finished_run_leaves_no_lock_file(tmp_path, capsys):
     run = tmp_path / "run"
     assert train(run) == 0

@@ -1,16 +1,16 @@
 """`sagc-jax plan`: per-device memory from shapes, on the paper's 3B configs."""
 
 import math
-from pathlib import Path
 
 import jax.numpy as jnp
 import pytest
+from helpers import ROOT
 
 from sagc_jax.cli import main
 from sagc_jax.config import ConfigError, load_config
 from sagc_jax.train.plan import auto_slots, lora_comparison, memory_plan
 
-PAPER = Path(__file__).parent.parent / "configs" / "paper"
+PAPER = ROOT / "configs" / "paper"
 
 
 def _items(plan):
@@ -43,6 +43,7 @@ def test_plan_figures_add_up(name, devices, count):
     assert plan.per_device == max(sampling, update) and min(sampling, update) > state
 
 
+@pytest.mark.slow
 def test_plan_levers_shrink_memory():
     base = ["model.preset=qwen2.5-0.5b", "sampling.prompt_buckets=[256]"]
     base += ["sampling.max_new_tokens=512", "train.prompts_per_step=8", "train.microbatches=4"]
@@ -60,6 +61,7 @@ def test_plan_levers_shrink_memory():
     )
 
 
+@pytest.mark.slow
 def test_slots_bound_the_kv_cache_and_auto_fills_the_memory():
     base = ["model.preset=qwen2.5-0.5b", "sampling.prompt_buckets=[256]", "mesh.fsdp=4"]
     base += ["sampling.max_new_tokens=2048", "train.prompts_per_step=64"]  # G = 16: 1,024 rows
@@ -99,6 +101,7 @@ def test_plan_command_says_whether_it_fits(capsys):
     assert "needs 2 devices but 3 are available" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_plan_with_lora_trains_only_the_adapters():
     cfg = load_config(PAPER / "qwen2.5-3b-grpo-gpu80.yaml")  # bfloat16, kl_beta > 0
     full_plan, lora_plan = lora_comparison(cfg, 1, 16)
@@ -118,6 +121,7 @@ def test_plan_with_lora_trains_only_the_adapters():
     assert "merged weights" not in full and lora["KV cache"] == full["KV cache"]
 
 
+@pytest.mark.slow
 def test_plan_lora_compare_prints_what_fits(capsys):
     config = str(PAPER / "qwen2.5-3b-grpo-gpu80.yaml")
     assert main(["plan", "--config", config, "--devices", "1", "--lora-compare", "16"]) == 0

@@ -140,6 +140,7 @@ def _adapted_logits(overrides: list[str], tokens_bt) -> np.ndarray:
     return np.asarray(forward(model, jnp.asarray(tokens_bt)))
 
 
+@pytest.mark.slow
 def test_export_of_a_lora_run_over_an_hf_checkpoint(tmp_path, capsys, length_reward):
     """merged weights, PEFT adapters over the HF base and the trainer's own adapted model agree;
     the tokenizer comes along; --adapters-only writes the PEFT layout alone."""
@@ -187,6 +188,7 @@ def test_export_of_a_lora_run_over_an_hf_checkpoint(tmp_path, capsys, length_rew
     assert config["target_modules"] == ["q_proj", "o_proj", "up_proj", "down_proj"]
 
 
+@pytest.mark.slow
 def test_export_of_a_lora_run_over_a_preset_writes_its_base(tmp_path, capsys, length_reward):
     run = _train([*LORA_RUN, "train.steps=1"], tmp_path / "run")
     out = tmp_path / "out"
@@ -210,6 +212,7 @@ def test_export_of_a_lora_run_over_a_preset_writes_its_base(tmp_path, capsys, le
     assert err.count("\n") == 1 and "its base (preset tiny) is not a Hugging Face" in err, err
 
 
+@pytest.mark.slow
 def test_export_of_a_full_fine_tuning_run_and_one_line_errors(tmp_path, capsys):
     run = [*TINY, "train.steps=2", "train.checkpoint_every=1", "logging.tensorboard=false"]
     run = _train(run, tmp_path / "run")

@@ -4,8 +4,8 @@ rewrite of the decode loop must draw exactly these tokens for these keys and set
 The greedy tokens (seed 4) are the ones recorded from the sampler before the per-step changes of
 issue #20 (commit 3c05717): every sampler since has decoded them. The sampled ones were recorded
 again with issue #31, whose random stream is per rollout (token t of rollout r draws with
-fold_in(fold_in(key, r), t), whatever the slots or row buckets); tests/test_sampler_engine.py
-checks that the stream draws from the policy's distribution.
+fold_in(fold_in(key, r), t), whatever the slots or row buckets);
+tests/sampling/test_sampler_engine.py checks that the stream draws from the policy's distribution.
 """
 
 import jax

@@ -78,6 +78,7 @@ def test_space_errors_are_recognised_in_chains_and_tensorstore_text():
     assert quiet.filter(record)
 
 
+@pytest.mark.slow
 def test_full_disk_during_an_async_save_stops_with_one_line_then_resumes(
     tmp_path, monkeypatch, capfd
 ):
@@ -195,6 +196,7 @@ REAL_DISK = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_real_full_disk_through_tensorstore(tmp_path):
     if not shutil.which("unshare") or subprocess.run(["unshare", "-rm", "true"]).returncode:
         pytest.skip("no private mount namespace here (unshare -rm)")

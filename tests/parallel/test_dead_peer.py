@@ -8,17 +8,13 @@ import socket
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
-from helpers import TINY
+from helpers import PYTHONPATH, ROOT, TINY
 
 from sagc_jax.config import ConfigError
 from sagc_jax.parallel import EXIT_PEER_LOST, initialize, supervisor
 from sagc_jax.parallel.distributed import FAILED, PeerWatch
-
-TESTS = Path(__file__).parent
-ROOT = TESTS.parent
 
 RUN = [
     *TINY,
@@ -108,7 +104,7 @@ def _two_processes(run_dir, crash_at=None, crashing=1):
     procs = []
     for i in range(2):
         env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(TESTS)])
+        env["PYTHONPATH"] = PYTHONPATH
         env.pop("JAX_COORDINATOR_ADDRESS", None)
         if crash_at and i == crashing:
             env["SAGC_JAX_CRASH_AT"] = crash_at
@@ -126,6 +122,7 @@ def _two_processes(run_dir, crash_at=None, crashing=1):
     return [p.returncode for p in procs], outs
 
 
+@pytest.mark.slow
 def test_a_killed_process_stops_the_survivor_with_one_line_and_the_rerun_resumes(tmp_path):
     run_dir = tmp_path / "run"
     codes, outs = _two_processes(run_dir, crash_at="rollout:3")  # SIGKILL in step 4
@@ -144,6 +141,7 @@ def test_a_killed_process_stops_the_survivor_with_one_line_and_the_rerun_resumes
     assert (run_dir / "checkpoints" / "4" / "integrity.json").is_file()
 
 
+@pytest.mark.slow
 def test_the_coordinators_death_ends_the_survivor_with_one_line_and_the_rerun_resumes(tmp_path):
     """Process 0 hosts jax.distributed's coordination service: when it dies, the runtime aborts
     the others at once (SIGABRT, a C++ stack dump); each process trains in a supervised child,

@@ -1,4 +1,4 @@
-"""Run by tests/test_parallel.py in a subprocess with 8 simulated CPU devices
+"""Run by tests/parallel/test_parallel.py in a subprocess with 8 simulated CPU devices
 (``XLA_FLAGS=--xla_force_host_platform_device_count=8``). Prints one JSON object.
 
 ``sharded_worker.py update KL_BETA``: one greedy generation and two GRPO updates on several
@@ -123,9 +123,7 @@ def run(mesh_shape, devices, kl_beta):
 def trainer_compiles(run_dir):
     """A Trainer on a (data 2, fsdp 4) mesh visiting G = 2, 4, 2, 4: programs traced (one
     rollout program per G, one packed update per row-count rung used)."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from helpers import TINY
-    from test_train import CyclingController
+    from helpers import TINY, CyclingController
 
     from sagc_jax.train.loop import Trainer
 

@@ -4,6 +4,7 @@ table in docs/reliability.md."""
 
 import json
 
+import pytest
 from helpers import TINY, sets
 
 from sagc_jax.cli import main
@@ -16,6 +17,7 @@ def write_rows(path, rows):
     return path
 
 
+@pytest.mark.slow
 def test_a_resume_on_changed_data_is_refused_unless_allowed(tmp_path, capsys):
     data = write_rows(tmp_path / "train.jsonl", ROWS)
     tok = tmp_path / "tok"
@@ -50,6 +52,7 @@ def test_a_resume_on_changed_data_is_refused_unless_allowed(tmp_path, capsys):
     assert "changed since" not in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_gradient_spike_holds_checkpoints_back_and_names_the_restart_point(
     tmp_path, capsys, monkeypatch
 ):

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import TINY
+from helpers import PYTHONPATH, TINY
 from jax.sharding import AbstractMesh, PartitionSpec
 
 from sagc_jax.config import ConfigError, MeshConfig, load_config
@@ -23,20 +23,19 @@ from sagc_jax.models import axes as ax
 from sagc_jax.parallel import RULES, initialize, mesh_shape
 from sagc_jax.train.shapes import check_batch_shapes
 
-TESTS = Path(__file__).parent
-ROOT = TESTS.parent
+WORKER = Path(__file__).parent / "sharded_worker.py"
 
 
 def _env(devices: int) -> dict:
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(TESTS)])
+    env["PYTHONPATH"] = PYTHONPATH
     env.pop("JAX_COORDINATOR_ADDRESS", None)
     return env
 
 
 def _worker(*args) -> dict:
     out = subprocess.run(
-        [sys.executable, str(TESTS / "sharded_worker.py"), *args],
+        [sys.executable, str(WORKER), *args],
         env=_env(8),
         capture_output=True,
         text=True,
@@ -125,6 +124,7 @@ def sharded():
     return _worker("update", "0.04")  # with a KL term: the reference model is sharded too
 
 
+@pytest.mark.slow
 def test_sharded_update_matches_one_device(sharded):
     base = sharded["single"]
     names = ("fsdp2", "fsdp8", "tensor4", "mixed")
@@ -140,6 +140,7 @@ def test_sharded_update_matches_one_device(sharded):
     )
 
 
+@pytest.mark.slow
 def test_sharded_generation_matches_one_device(sharded):
     base = sharded["single"]
     for name in ("fsdp2", "fsdp8", "tensor4", "mixed"):
@@ -147,6 +148,7 @@ def test_sharded_generation_matches_one_device(sharded):
         np.testing.assert_allclose(sharded[name]["logprobs"], base["logprobs"], atol=1e-4)
 
 
+@pytest.mark.slow
 def test_parameters_and_optimizer_state_are_really_split(sharded):
     nbytes = {name: run["param_bytes"] for name, run in sharded.items()}
     assert nbytes["single"] > nbytes["fsdp2"] > nbytes["fsdp8"]
@@ -160,11 +162,13 @@ def test_parameters_and_optimizer_state_are_really_split(sharded):
     assert sharded["mixed"]["param_spec"] == ["fsdp", "tensor"]
 
 
+@pytest.mark.slow
 def test_sharded_programs_compile_once_per_shape(sharded):
     for name, run in sharded.items():
         assert run["update_traces"] == 1 and run["sampler_traces"] == 1, name
 
 
+@pytest.mark.slow
 def test_trainer_on_a_mesh_compiles_one_program_per_candidate(tmp_path):
     result = _worker("trainer", str(tmp_path / "run"))
     assert result["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1}
@@ -244,6 +248,7 @@ def _group_sizes(run_dir):
     return [r["group_size"] for r in map(json.loads, lines) if "group_size" in r]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra",
     [(), ("controller.kind=hybrid", "data.prompt_pool=8")],  # hybrid: step mode, prompt ids
@@ -261,6 +266,7 @@ def test_two_processes_train_like_one(tmp_path, extra):
     chex.assert_trees_all_close(_params(two, 4), _params(one, 4), rtol=1e-7, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_run_resumes_on_a_different_mesh(tmp_path):
     moved, straight = tmp_path / "moved", tmp_path / "straight"
     _train(moved, steps=2, devices=1)
@@ -271,6 +277,7 @@ def test_a_run_resumes_on_a_different_mesh(tmp_path):
     chex.assert_trees_all_close(_params(moved, 3), _params(straight, 3), rtol=1e-7, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_signal_to_one_process_stops_all_at_the_same_step(tmp_path):
     run_dir = tmp_path / "run"
     overrides = [*RUN, "train.steps=500", "train.checkpoint_every=0", f"logging.run_dir={run_dir}"]
@@ -317,6 +324,7 @@ def _tail_records(run_dir):
     ]
 
 
+@pytest.mark.slow
 def test_two_processes_agree_on_tail_batching_and_resume_with_prompts_waiting(tmp_path):
     """Each process keeps its first whole groups and defers the rest; the processes' queues stay
     as long as each other's (the trainer checks every step that their controllers agree), and a

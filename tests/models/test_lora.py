@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import TINY, sets
+from helpers import PYTHONPATH, ROOT, TINY, sets
 
 from sagc_jax.cli import main
 from sagc_jax.config import ConfigError, load_config
@@ -23,7 +23,6 @@ from sagc_jax.models.lora import TARGETS, LoRAParam, delta, merge_adapters, scal
 from sagc_jax.train.loop import Trainer
 from sagc_jax.train.lora_base import base_identity, check_same_base
 
-TESTS = Path(__file__).parent
 # DAPO's overlong shaping: the random tiny model's rewards differ by length, so the adapters
 # get real gradients (all-zero rewards give none)
 LORA = ["model.lora_rank=4", "logging.tensorboard=false", "loss.overlong_buffer=8"]
@@ -113,6 +112,7 @@ def _update_batch(rows=8, prompt=6, new=12, seed=0):
     }
 
 
+@pytest.mark.slow
 def test_only_the_adapters_train_and_the_reference_is_the_base(tmp_path):
     overrides = [*TINY, *LORA, "train.steps=2", "loss.kl_beta=0.05", "model.param_dtype=bfloat16"]
     cfg = load_config(None, overrides)
@@ -160,6 +160,7 @@ def _run(cfg_overrides, run_dir):
     return trainer
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly(tmp_path):
     common = [
         *TINY,
@@ -183,6 +184,7 @@ def test_resume_continues_exactly(tmp_path):
     assert "params" in saved and "opt_state" in saved
 
 
+@pytest.mark.slow
 def test_a_changed_base_is_refused(tmp_path, capsys):
     init = tmp_path / "init"  # a full fine-tuning run: its weights are the base
     full = [*TINY, "logging.tensorboard=false", f"logging.run_dir={init}"]
@@ -237,6 +239,7 @@ def test_bad_lora_keys_give_one_line_errors(tmp_path, capsys, override, message)
     assert err.count("\n") == 1 and message in err, err
 
 
+@pytest.mark.slow
 def test_lora_keys_cannot_change_on_resume(tmp_path, capsys):
     run = [*TINY, *LORA, "train.steps=1", f"logging.run_dir={tmp_path / 'run'}"]
     assert main(["train", *sets(run)]) == 0
@@ -259,7 +262,7 @@ MESH_RUN = [
 
 def _train_on(devices: int, run_dir, extra=()):
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS.parent), str(TESTS)])
+    env["PYTHONPATH"] = PYTHONPATH
     overrides = [f"--set={o}" for o in [*MESH_RUN, *extra, f"logging.run_dir={run_dir}"]]
     cmd = [sys.executable, "-m", "sagc_jax", "train", "--set=train.steps=2", *overrides]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
@@ -284,6 +287,7 @@ def _lengths(run_dir):
     return [r["lengths"] for r in map(json.loads, lines) if "lengths" in r]
 
 
+@pytest.mark.slow
 def test_eight_devices_train_like_one(tmp_path):
     _train_on(1, tmp_path / "one")
     mesh = ["mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2"]
@@ -318,7 +322,7 @@ print(json.dumps({k: spec(v) for k, v in {
     "down_b": a["mlp"]["down_lora_b_rd"]}.items()}))
 """
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
-    env["PYTHONPATH"] = str(TESTS.parent)
+    env["PYTHONPATH"] = str(ROOT)
     out = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
     )

@@ -67,6 +67,7 @@ TAIL = [
 ]
 
 
+@pytest.mark.slow
 def test_a_tail_step_trains_whole_groups_and_every_prompt_once(tmp_path):
     trainer = Trainer(load_config(None, [*TAIL, "train.steps=6"]), tmp_path / "run")
     trained, kinds = [], []
@@ -85,6 +86,7 @@ def test_a_tail_step_trains_whole_groups_and_every_prompt_once(tmp_path):
     assert trainer.sampler.num_traces == 2  # the tail step's program and the long round's
 
 
+@pytest.mark.slow
 def test_resume_with_prompts_waiting_continues_exactly(tmp_path):
     straight = Trainer(load_config(None, [*TAIL, "train.steps=5"]), tmp_path / "straight")
     straight.run(progress=False)

@@ -60,6 +60,7 @@ def straight_sft(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_signal_during_startup_in_a_subprocess(tmp_path):
     args = ["train", *sets([*TINY, "train.steps=2"]), *run_dir(tmp_path / "run")]
     proc = subprocess.run(
@@ -72,6 +73,7 @@ def test_signal_during_startup_in_a_subprocess(tmp_path):
     assert "during start-up; nothing was saved" in err
 
 
+@pytest.mark.slow
 def test_signal_from_outside_before_the_first_step(tmp_path):
     """Sent once the trainer is built: the step-0 evaluation or compilation is running."""
     overrides = [*TINY, "train.steps=400", "train.eval_size=64", "train.compile_ahead=true"]
@@ -105,6 +107,7 @@ def test_signal_before_the_step_loop(tmp_path, capsys, monkeypatch, crash, code,
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
 
 
+@pytest.mark.slow
 def test_sft_stopped_saves_and_resumes_to_the_uninterrupted_result(
     straight_sft, tmp_path, capsys, monkeypatch
 ):
@@ -133,6 +136,7 @@ def test_sft_stopped_saves_and_resumes_to_the_uninterrupted_result(
     assert (run / "summary.json").is_file()
 
 
+@pytest.mark.slow
 def test_sft_reuses_refuses_a_changed_config_and_force_retrains(straight_sft, tmp_path, capsys):
     args = ["sft", *sets(SFT), *run_dir(straight_sft)]
     assert main([*args, "--set", "logging.progress=false"]) == 0  # logging.* does not matter
@@ -154,6 +158,7 @@ def test_sft_reuses_refuses_a_changed_config_and_force_retrains(straight_sft, tm
     store.close()
 
 
+@pytest.mark.slow
 def test_eval_uses_the_runs_saved_config(straight_sft, tmp_path, capsys):
     assert main(["eval", "--checkpoint", str(straight_sft)]) == 0
     out = capsys.readouterr().out
@@ -190,6 +195,7 @@ def test_eval_uses_the_runs_saved_config(straight_sft, tmp_path, capsys):
     assert sorted(p.name for p in (straight_sft / "checkpoints").iterdir()) == before
 
 
+@pytest.mark.slow
 def test_compare_stops_at_a_signal_instead_of_going_on(tmp_path, capsys, monkeypatch):
     config = tmp_path / "c.yaml"
     config.write_text("{}\n")

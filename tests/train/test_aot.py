@@ -57,6 +57,7 @@ def test_bad_target_names_say_what_is_allowed(name, said):
         parse_topology(name)
 
 
+@pytest.mark.slow
 def test_compile_for_cpu_prints_every_program_beside_the_formula(capsys):
     assert main([*ARGS, "--compile", "cpu", "--device-memory", "1", "--hardware", "h100"]) == 0
     out = capsys.readouterr().out

@@ -1,10 +1,10 @@
 """The roofline step-time model (sim/roofline.py) and `sagc-jax plan --hardware`, by hand."""
 
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import ROOT
 
 from sagc_jax.cli import main
 from sagc_jax.config import ConfigError, load_config
@@ -23,7 +23,7 @@ from sagc_jax.sim.roofline import (
 from sagc_jax.sim.steptime import Engine
 from sagc_jax.train.plan import architecture, step_prediction, step_timer, timed_architecture
 
-PAPER = Path(__file__).parent.parent / "configs" / "paper"
+PAPER = ROOT / "configs" / "paper"
 HW = Hardware("test chip", peak_flops=100e12, hbm_bandwidth=1e12, memory_gib=16, source="-")
 EFF = Efficiency(bandwidth=0.5, decode_flops=0.5, mfu=0.25, launch_seconds=1e-4)
 COSTS = ModelCosts(
@@ -100,8 +100,8 @@ def compacting(lengths, prompts, **kwargs) -> dict:
 
 def test_compacting_rollouts_by_hand():
     # lengths 1, 3 | 5, 9 (two prompts of two rollouts), prompts of 4 tokens, chunk 2, rungs
-    # 4, 2, 1 (tests/test_schedule.py): rows 4, 4, 2, 2, 1, 1, 1, 1, running 3, 3, 2, 2, 1, 1,
-    # 1, 1 of ages summing to 3, 6, 6, 8, 5, 6, 7, 8
+    # 4, 2, 1 (tests/sampling/test_schedule.py): rows 4, 4, 2, 2, 1, 1, 1, 1, running 3, 3, 2, 2,
+    # 1, 1, 1, 1 of ages summing to 3, 6, 6, 8, 5, 6, 7, 8
     lengths = [[1, 3], [5, 9]]
     r = compacting(lengths, 4, max_new_tokens=9, chunk=2, row_buckets=3)
     assert (r["decode_steps"], r["rows_decoded"], r["live_rows_decoded"]) == (8, 16, 14)

@@ -10,7 +10,7 @@ replaced by a function that returns the test's array, so no model is needed.
 Skipped without Tunix (the optional extra ``tunix``: ``pip install -e '.[dev,tunix]'``). The
 measured differences print with ``-s``:
 
-    .venv/bin/python -m pytest -q -s tests/test_tunix_conventions.py
+    .venv/bin/python -m pytest -q -s tests/rl/test_tunix_conventions.py
 """
 
 from importlib import metadata

@@ -377,6 +377,7 @@ print("OK")
 """
 
 
+@pytest.mark.slow
 def test_sharded_over_two_host_devices_matches_one_device():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
     env["JAX_PLATFORMS"] = "cpu"
@@ -386,6 +387,7 @@ def test_sharded_over_two_host_devices_matches_one_device():
     assert result.returncode == 0 and result.stdout.strip().endswith("OK"), result.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_compile_ahead_is_what_the_call_runs(setup, caplog):
     """`compile` builds the executable the next call of that shape runs: no second XLA compile
     (tracing once is not enough: a lowering with other argument shardings compiles again)."""

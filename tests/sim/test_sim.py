@@ -86,6 +86,7 @@ def test_custom_step_time_model_by_hand():
     assert t.update == pytest.approx(1.0 + 0.002 * (4 * 5 + 100))
 
 
+@pytest.mark.slow
 def test_sagc_meets_the_done_criteria_on_the_calibrated_workload():
     """SAGC near delta where fixed 16 is not, cheaper than fixed 16, larger G than fixed 4."""
     cfg = load_config("configs/sim/reasoning_drift.yaml")

@@ -6,29 +6,22 @@ import re
 import chex
 import numpy as np
 import pytest
-from helpers import TINY, capture_figures, delta_lines, legend_labels, write_word_tokenizer
+from helpers import (
+    TINY,
+    CyclingController,
+    capture_figures,
+    delta_lines,
+    legend_labels,
+    write_word_tokenizer,
+)
 
 from sagc_jax.cli import main
 from sagc_jax.config import ConfigError, load_config, to_dict
-from sagc_jax.controller import GroupController
 from sagc_jax.sim import ReplayWorkload
 from sagc_jax.train.loop import Trainer
 
 
-class CyclingController(GroupController):
-    """Visits the candidates in a fixed cycle (drives the compile-count test)."""
-
-    def __init__(self, candidates):
-        super().__init__(tuple(candidates), tau=3.0, scope="group")
-        self.order = [g for _ in range(3) for g in candidates]
-
-    def _decide(self):
-        return self.order[self.step % len(self.order)]
-
-    def _learn(self, group_size, s_t, lengths_pg):
-        return {}
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("packing", [False, True])
 def test_one_program_per_candidate(tmp_path, packing):
     """One rollout program per G; one padded update per G, or one packed update per row-count
@@ -47,6 +40,7 @@ def test_one_program_per_candidate(tmp_path, packing):
         assert rows == {4, 8}  # 2 prompts x G
 
 
+@pytest.mark.slow
 def test_compile_ahead_compiles_every_candidate_once(tmp_path, capsys):
     overrides = [*TINY, "train.steps=4", "logging.tensorboard=false", "train.compile_ahead=true"]
     cfg = load_config(None, [*overrides, "train.packing=false"])  # packed rungs compile on use
@@ -62,6 +56,7 @@ def test_compile_ahead_compiles_every_candidate_once(tmp_path, capsys):
     assert trainer.programs.compiled_programs()["update"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sagc", "sagc_plus"])
 def test_resume_continues_exactly(tmp_path, kind):
     overrides = [
@@ -90,6 +85,7 @@ def test_resume_continues_exactly(tmp_path, kind):
     chex.assert_trees_all_equal(second.controller.state_dict(), straight.controller.state_dict())
 
 
+@pytest.mark.slow
 def test_resume_with_a_different_config_is_refused(tmp_path, capsys):
     run = tmp_path / "run"
     args = [
@@ -121,6 +117,7 @@ def test_resume_with_a_different_config_is_refused(tmp_path, capsys):
         trainer.close()
 
 
+@pytest.mark.slow
 def test_train_command_writes_replayable_metrics_and_tensorboard(tmp_path, capsys):
     run = tmp_path / "run"
     args = [
@@ -168,6 +165,7 @@ def test_train_command_writes_replayable_metrics_and_tensorboard(tmp_path, capsy
     assert json.loads((run / "summary.json").read_text())["steps"] == 3
 
 
+@pytest.mark.slow
 def test_sft_then_train_from_the_warm_start(tmp_path, capsys):
     sft_dir = tmp_path / "sft"
     common = [a for o in TINY for a in ("--set", o)]
@@ -205,6 +203,7 @@ def test_sft_then_train_from_the_warm_start(tmp_path, capsys):
     trainer.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra",
     [
@@ -241,6 +240,7 @@ def test_bad_batch_shapes_are_rejected():
         Trainer(cfg, "/nonexistent/never-created")
 
 
+@pytest.mark.slow
 def test_dataset_task_with_a_tokenizer_and_math_reward(tmp_path, capsys):
     write_word_tokenizer(tmp_path / "tok")
     rows = [
@@ -277,6 +277,7 @@ def test_dataset_task_with_a_tokenizer_and_math_reward(tmp_path, capsys):
     assert f"{data}:26" in err and "answer" in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_compare_and_report_commands(tmp_path, capsys, monkeypatch):
     figures = capture_figures(monkeypatch)
     out = tmp_path / "cmp"

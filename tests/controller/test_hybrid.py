@@ -494,6 +494,7 @@ def test_dataset_prompt_ids_are_row_indices(tmp_path):
     assert sorted(r.index for r in shard.rows) == [1, 3]  # rows of the file, not of the shard
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "mode, extra, programs",
     [
@@ -525,6 +526,7 @@ def test_the_trainer_trains_with_the_hybrid_controller(tmp_path, mode, extra, pr
             assert sum(sizes) == 6
 
 
+@pytest.mark.slow
 def test_hybrid_resume_continues_exactly(tmp_path):
     from sagc_jax.train.loop import Trainer
 

@@ -105,6 +105,7 @@ def test_sigterm_checkpoints_and_exits_then_resumes(tmp_path):
     resumed.close()
 
 
+@pytest.mark.slow
 def test_nonfinite_updates_are_skipped_then_abort(tmp_path, monkeypatch, capsys):
     import sagc_jax.train.loop as loop
 
@@ -147,6 +148,7 @@ def bad_input(args, capsys):
     return err
 
 
+@pytest.mark.slow
 def test_reward_function_that_raises_or_returns_nan(tmp_path, capsys, monkeypatch):
     (tmp_path / "user_rewards.py").write_text(
         "def boom(prompts, completions, answers):\n    raise RuntimeError('no network')\n"
@@ -239,6 +241,7 @@ def test_checkpoint_whose_tensors_do_not_match_its_config(tmp_path, capsys):
     assert str(2 * arch.intermediate_size) in err
 
 
+@pytest.mark.slow
 def test_refused_resume_and_missing_paths_leave_files_untouched(tmp_path, capsys):
     run = tmp_path / "run"
     base = ["train", *sets([*TINY, "train.steps=1"]), "--set", f"logging.run_dir={run}"]

@@ -73,6 +73,7 @@ def restored_at(run, step, like):
     return [np.asarray(x) for x in jax.tree.leaves(items["params"])]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", list(DAMAGE))
 def test_damaged_checkpoint_falls_back_to_the_previous_good_one(tmp_path, straight, fault, capsys):
     straight_run, straight_params = straight
@@ -95,6 +96,7 @@ def test_damaged_checkpoint_falls_back_to_the_previous_good_one(tmp_path, straig
     trainer.close()
 
 
+@pytest.mark.slow
 def test_no_good_checkpoint_is_one_line_and_loses_nothing(tmp_path, straight, capsys):
     run = tmp_path / "run"
     shutil.copytree(straight[0], run)
@@ -137,6 +139,7 @@ def test_reading_another_runs_checkpoints_deletes_none_of_them(tmp_path):
     assert CheckpointStore(tmp_path / "checkpoints").manager.all_steps() == [1, 2, 3, 4, 5]
 
 
+@pytest.mark.slow
 def test_second_writer_is_refused_and_a_stale_lock_is_taken_over(tmp_path, capsys):
     run = tmp_path / "run"
     args = ["train", *sets([*TINY, "train.steps=1"]), "--set", f"logging.run_dir={run}"]
@@ -157,6 +160,7 @@ def test_second_writer_is_refused_and_a_stale_lock_is_taken_over(tmp_path, capsy
     assert "another-machine" in err and f"delete {run / LOCK_FILE}" in err
 
 
+@pytest.mark.slow
 def test_torn_log_line_resume_summary_of_the_whole_run_and_finished_rerun(tmp_path, capsys):
     run = tmp_path / "run"
     common = [*TINY, "train.checkpoint_every=2", f"logging.run_dir={run}"]
