@@ -62,7 +62,7 @@ experiment: $(STAMP)
 	$(SPARSE_STUDY) --seeds 3 --set logging.run_dir=$(EXPERIMENT_DIR)/sparse/grpo
 	$(STUDY) --seeds 5 --set data.prompt_pool=128 --set logging.run_dir=$(EXPERIMENT_DIR)/pool \
 		--controllers fixed:4,fixed:8,fixed:16,sagc,hybrid:step,hybrid:per_prompt
-	$(STUDY) --seeds 5 --set data.prompt_pool=128 --set controller.hybrid.rollout_budget=128 \
+	$(STUDY) --seeds 5 --set data.prompt_pool=128 --set controller.hybrid.rows_per_step=128 \
 		--set logging.run_dir=$(EXPERIMENT_DIR)/pool-budget --controllers fixed:8,hybrid:per_prompt
 
 # The whole suite, one worker per core (pytest-xdist), a test file's tests on one worker so that

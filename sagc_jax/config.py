@@ -317,7 +317,7 @@ class HybridConfig(SAGCConfig):
         help="pseudo-steps the prompt-based prediction adds to SAGC's Beta posterior of each G; "
         "0: plain SAGC draws",
     )
-    rollout_budget: int = option(
+    rows_per_step: int = option(
         0,
         ge=0,
         help="per_prompt: rows per step; 0: prompts x a budget level G chosen each step by "
@@ -768,7 +768,7 @@ class Config(Section):
                 raise ConfigError(
                     "controller.kind = 'hybrid' needs train.batch_mode = prompts: it decides from "
                     "the step's prompts, which batch_mode = budget chooses after G (a per-prompt "
-                    "rollout budget is controller.hybrid.rollout_budget)"
+                    "rollout budget is controller.hybrid.rows_per_step)"
                 )
             if self.loss.dynamic_sampling:
                 raise ConfigError(
@@ -776,12 +776,12 @@ class Config(Section):
                     "the refill rounds bring prompts the controller did not decide for; set it "
                     "to false"
                 )
-            if c.hybrid.mode == "per_prompt" and c.hybrid.rollout_budget:  # 0: P x G rows
-                budget, g = c.hybrid.rollout_budget, c.candidates
+            if c.hybrid.mode == "per_prompt" and c.hybrid.rows_per_step:  # 0: P x G rows
+                budget, g = c.hybrid.rows_per_step, c.candidates
                 lo, hi = t.prompts_per_step * min(g), t.prompts_per_step * max(g)
                 if not lo <= budget <= hi:
                     raise ConfigError(
-                        f"controller.hybrid.rollout_budget = {budget} cannot be split into "
+                        f"controller.hybrid.rows_per_step = {budget} cannot be split into "
                         f"train.prompts_per_step = {t.prompts_per_step} groups from the ladder "
                         f"{list(g)}: allowed {lo} to {hi}"
                     )
@@ -853,6 +853,7 @@ MOVED_KEYS = {
     "controller.sagc.g_init": "controller.g_init",
     "controller.sagc.gamma": "controller.sagc.posterior_gamma",
     "controller.sagc_plus.gamma": "controller.sagc_plus.trial_gamma",
+    "controller.hybrid.rollout_budget": "controller.hybrid.rows_per_step",
 }
 
 

@@ -132,6 +132,7 @@ MOVED = [
     ("controller.sagc.g_init", "4", "controller.g_init"),
     ("controller.sagc.gamma", "0.9", "controller.sagc.posterior_gamma"),
     ("controller.sagc_plus.gamma", "0.8", "controller.sagc_plus.trial_gamma"),
+    ("controller.hybrid.rollout_budget", "128", "controller.hybrid.rows_per_step"),
 ]
 
 
@@ -291,6 +292,6 @@ def test_hybrid_rules_across_sections_are_config_errors():
     with pytest.raises(ConfigError, match="needs train.batch_mode = prompts"):
         load_config(None, ["controller.kind=hybrid", "train.batch_mode=budget"])
     per_prompt = ["controller.kind=hybrid", "controller.hybrid.mode=per_prompt"]
-    assert load_config(None, per_prompt).controller.hybrid.rollout_budget == 0  # P x G rows
-    with pytest.raises(ConfigError, match="rollout_budget = 20 cannot be split into"):
-        load_config(None, [*per_prompt, "controller.hybrid.rollout_budget=20"])
+    assert load_config(None, per_prompt).controller.hybrid.rows_per_step == 0  # P x G rows
+    with pytest.raises(ConfigError, match="rows_per_step = 20 cannot be split into"):
+        load_config(None, [*per_prompt, "controller.hybrid.rows_per_step=20"])

@@ -18,7 +18,7 @@ Modes (``controller.hybrid.mode``):
 ``per_prompt``  every prompt gets its own size from the ladder, the sizes summing to a budget
     of B rows (static shapes): :func:`~sagc_jax.controller.allocation.allocate` maximises
     ``sum_p log2 G_p - lambda r_p(G_p)`` greedily, so risky prompts get smaller groups and safe
-    ones larger. ``rollout_budget > 0`` fixes B; ``0`` makes B = P x G_t where the budget level
+    ones larger. ``rows_per_step > 0`` fixes B; ``0`` makes B = P x G_t where the budget level
     G_t is chosen each step among the candidates by the rule of ``step`` mode, with the
     allocation's mean utility and mean predicted risk at each level (one rollout shape per
     candidate, as SAGC). ``s_t`` is still the fraction of straggling groups.
@@ -109,8 +109,8 @@ class HybridController(SAGCController):
                     "observe() of the proposed step"
                 )
             return self._decision()
-        if self.mode == "per_prompt" and self.hybrid.rollout_budget:
-            check_budget(self.hybrid.rollout_budget, prompts["ids"].size, self.candidates)
+        if self.mode == "per_prompt" and self.hybrid.rows_per_step:
+            check_budget(self.hybrid.rows_per_step, prompts["ids"].size, self.candidates)
         self._prompts = prompts
         try:
             if self.mode == "step":
@@ -161,8 +161,8 @@ class HybridController(SAGCController):
         num_p = risk_pk.shape[0]
         value_pk = self.utility[None, :] - self.lam * risk_pk
         self._predicted = risk_pk.mean(axis=0)
-        if self.hybrid.rollout_budget:
-            return None, g_k[allocate(value_pk, self.candidates, self.hybrid.rollout_budget)]
+        if self.hybrid.rows_per_step:
+            return None, g_k[allocate(value_pk, self.candidates, self.hybrid.rows_per_step)]
         if self.step == 0:
             arm = self.rung
             rung_p = allocate(value_pk, self.candidates, num_p * int(g_k[arm]))

@@ -24,7 +24,7 @@ def per_prompt_budget(cfg: Config) -> int:
     """The fixed rollout rows of a hybrid ``per_prompt`` step (0: none, the rows are P x G)."""
     c = cfg.controller
     if c.kind == "hybrid" and c.hybrid.mode == "per_prompt":
-        return c.hybrid.rollout_budget
+        return c.hybrid.rows_per_step
     return 0
 
 
@@ -65,7 +65,7 @@ def check_batch_shapes(
         candidates = ()  # one fixed batch of rows, whatever the sizes
         if budget % (parts * batch_shards):
             raise ConfigError(
-                f"controller.hybrid.rollout_budget = {budget} rollouts cannot be split into "
+                f"controller.hybrid.rows_per_step = {budget} rollouts cannot be split into "
                 f"train.minibatches x train.microbatches = {parts} (micro)batches of rows the "
                 f"{batch_shards} batch shards of the mesh divide"
             )

@@ -376,7 +376,7 @@ def test_step_mode_prefers_small_groups_for_risky_prompts():
 
 
 def test_proposal_protocol_and_errors():
-    ctrl = HybridController(hybrid=HybridConfig(mode="per_prompt", rollout_budget=40))
+    ctrl = HybridController(hybrid=HybridConfig(mode="per_prompt", rows_per_step=40))
     with pytest.raises(RuntimeError, match="propose_for"):
         ctrl.propose()
     with pytest.raises(RuntimeError, match="before propose_for"):
@@ -499,7 +499,7 @@ def test_dataset_prompt_ids_are_row_indices(tmp_path):
     "mode, extra, programs",
     [
         ("step", [], 2),  # at most one rollout program per candidate G
-        ("per_prompt", ["controller.hybrid.rollout_budget=6"], 1),  # one per budget
+        ("per_prompt", ["controller.hybrid.rows_per_step=6"], 1),  # one per budget
         ("per_prompt", [], 2),  # budget level G_t chosen among the candidates
     ],
 )
@@ -530,7 +530,7 @@ def test_the_trainer_trains_with_the_hybrid_controller(tmp_path, mode, extra, pr
 def test_hybrid_resume_continues_exactly(tmp_path):
     from sagc_jax.train.loop import Trainer
 
-    common = ["controller.hybrid.mode=per_prompt", "controller.hybrid.rollout_budget=6"]
+    common = ["controller.hybrid.mode=per_prompt", "controller.hybrid.rows_per_step=6"]
     run = lambda steps, where: Trainer(  # noqa: E731
         trainer_config(*common, f"train.steps={steps}", "train.checkpoint_every=2"), where
     )
@@ -557,8 +557,8 @@ def test_hybrid_resume_continues_exactly(tmp_path):
         (["train.batch_mode=budget"], "needs train.batch_mode = prompts"),
         (["loss.dynamic_sampling=true"], "loss.dynamic_sampling"),
         (
-            ["controller.hybrid.mode=per_prompt", "controller.hybrid.rollout_budget=20"],
-            "rollout_budget = 20 cannot be split into train.prompts_per_step = 2 groups",
+            ["controller.hybrid.mode=per_prompt", "controller.hybrid.rows_per_step=20"],
+            "rows_per_step = 20 cannot be split into train.prompts_per_step = 2 groups",
         ),
     ],
 )

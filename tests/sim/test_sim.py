@@ -286,7 +286,7 @@ def test_runner_plays_per_prompt_sizes(budget):
             "sim.steps=40",
             "sim.prompts_per_step=8",
             "sim.prompt_pool=24",
-            f"controller.hybrid.rollout_budget={budget}",
+            f"controller.hybrid.rows_per_step={budget}",
             "controller.delta=0.1",
         ],
     )
