@@ -26,14 +26,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def _one(root: str, workload: str, runs: int, devices: int) -> None:
-    """Child: time `runs` calls of `root`'s sampler; print one JSON line."""
+def build(workload: str, devices: int):
+    """``(sampler, state, prompts, prompt lengths, max_new_tokens)`` of the workload, with the
+    sagc_jax found first on sys.path; the rows split over ``devices`` host devices (which
+    XLA_FLAGS must already ask for)."""
     import tempfile
-    import time
 
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    sys.path[:0] = [root, str(Path(root) / "benchmarks")]
     import jax
     import numpy as np
     import torch
@@ -82,7 +80,20 @@ def _one(root: str, workload: str, runs: int, devices: int) -> None:
         plan=plan,
         state_shardings=shardings,
     )
-    lens = np.full((batch,), 16, np.int32)
+    return sampler, state, prompts, np.full((batch,), 16, np.int32), new
+
+
+def _one(root: str, workload: str, runs: int, devices: int) -> None:
+    """Child: time `runs` calls of `root`'s sampler; print one JSON line."""
+    import time
+
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    sys.path[:0] = [root, str(Path(root) / "benchmarks")]
+    import jax
+    import numpy as np
+
+    sampler, state, prompts, lens, new = build(workload, devices)
     timed = []
     for seed in range(runs + 1):
         start = time.perf_counter()

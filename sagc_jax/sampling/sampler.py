@@ -40,9 +40,8 @@ from sagc_jax.models import Decoder, DecoderConfig, KVCache, init_cache
 from sagc_jax.models.layers import cache_blocks
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.sampling.functions import sample_token
-from sagc_jax.sampling.schedule import phase_slots, resolve_chunk, row_rungs
-
-REFILL_SHARE = 8  # a refill pass starts at most slots / REFILL_SHARE rollouts (cache copies)
+from sagc_jax.sampling import schedule
+from sagc_jax.sampling.schedule import REFILL_SHARE, phase_slots, resolve_chunk, row_rungs
 
 
 class SampleOutput(NamedTuple):
@@ -118,6 +117,19 @@ def _in_first_block(x, update):
 
 def _take_rows(tree, idx):
     return jax.tree.map(lambda x: x[idx], tree)
+
+
+def _take_shard_rows(tree, order_hk):
+    """``tree``'s leaves (rows first, split into h equal shards, one per device) with rows
+    ``order_hk[i]`` of shard i, shard by shard: a gather within each device's rows, with no
+    data moved between devices."""
+    shards, keep = order_hk.shape
+
+    def take(x):
+        x_hb = x.reshape(shards, -1, *x.shape[1:])
+        return jax.vmap(lambda rows, idx: rows[idx])(x_hb, order_hk).reshape(-1, *x.shape[1:])
+
+    return jax.tree.map(take, tree)
 
 
 class Sampler:
@@ -529,16 +541,23 @@ class Sampler:
         # runs to the cap: ages are 1 + steps, and counting rows needs no reduction.
         lockstep = not self.eos_ids and n <= num_slots
 
+        shards = self.shards
+
         def status(slots: _Slots, run: _Run, cap: int):
-            """(running rows, running rows of age > cap) in one reduction: the one collective
-            an iteration's loop condition needs when rows are split over devices (none in
-            lockstep)."""
+            """(rows a rung needs, running rows of age > cap). Rows are compacted within each
+            device's shard, so a rung needs the running rows of the fullest shard on every
+            shard (0 once no row runs). The shards' counts meet in one all-gather: the one
+            collective an iteration's loop condition needs when rows are split over devices
+            (none in lockstep)."""
             if lockstep:
                 age = run.steps + 1
                 live, over = jnp.where(age < length, n, 0), jnp.where(age > cap, n, 0)
             else:
                 counts = jnp.stack([slots.live_s, slots.live_s & (slots.age_s > cap)], axis=-1)
-                live, over = jnp.sum(counts.astype(jnp.int32), axis=0)
+                counts_h2 = jnp.sum(counts.astype(jnp.int32).reshape(shards, -1, 2), axis=1)
+                if self.plan is not None:
+                    counts_h2 = jax.lax.with_sharding_constraint(counts_h2, self.plan.replicated)
+                live, over = jnp.max(counts_h2[:, 0]) * shards, jnp.sum(counts_h2[:, 1])
             if keep_groups:  # stopped by the exit test: every stage sees no row running
                 live = jnp.where(enough(run), 0, live)
             return live, over
@@ -591,18 +610,22 @@ class Sampler:
             return jax.lax.while_loop(going, step, (cache, slots, run))
 
         def gather(cache: KVCache, slots: _Slots, run: _Run, rows: int, width: int):
-            """Every row's completion written out, then the running rows (stable) and finished
-            ones into `rows` rows; the cache padded to `width` slots (an empty one when no row
-            runs: the rest of the tail then only checks that none does)."""
+            """Every row's completion written out, then, within each shard, its running rows
+            (stable) and finished ones into rows / shards rows; the cache padded to `width`
+            slots (an empty one when no row runs: the rest of the tail then only checks that
+            none does)."""
             live, _ = status(slots, run, length)
+            keep = rows // shards
 
             def take():
-                idx_b = jnp.argsort(~slots.live_s, stable=True)[:rows]
-                part = self._joined(self._constrain(_take_rows(cache, idx_b)), width)
-                return part, _take_rows(slots, idx_b)
+                live_hb = slots.live_s.reshape(shards, -1)
+                order_hk = jnp.argsort(~live_hb, axis=1, stable=True)[:, :keep]
+                part = self._joined(self._constrain(_take_shard_rows(cache, order_hk)), width)
+                return part, _take_shard_rows(slots, order_hk)
 
             def empty():
-                return self.empty_cache(rows, width), _take_rows(slots, jnp.arange(rows))
+                first_hk = jnp.broadcast_to(jnp.arange(keep), (shards, keep))
+                return self.empty_cache(rows, width), _take_shard_rows(slots, first_hk)
 
             part, kept = jax.lax.cond(live > 0, take, empty)
             return part, kept, flush(run, slots)
@@ -677,8 +700,9 @@ class Sampler:
             done_g=jnp.zeros((num_prompts,), jnp.int32),
         )
         cache = self.empty_cache(num_slots, prompt_len + caps_p[0])
-        first_s = jnp.arange(num_slots, dtype=jnp.int32)  # slot s takes rollout s
-        cache, run = start(cache, run, first_s, first_s, jnp.ones((num_slots,), bool), True)
+        slot_s = jnp.arange(num_slots, dtype=jnp.int32)
+        first_s = jnp.asarray(schedule.first_rollouts(num_slots, shards), jnp.int32)
+        cache, run = start(cache, run, slot_s, first_s, jnp.ones((num_slots,), bool), True)
         if n > num_slots:  # rollouts that ended at their first token free their slots at once
             cache, run = refill(cache, run)
         final = decode(cache, run)

@@ -5,8 +5,9 @@ check the sampler's own counters against it.
 
 The engine (``sampling/sampler.py``) decodes N rollouts through S slots (rows):
 
-- Prefill: one per prompt. Slots 0..S-1 take rollouts 0..S-1 (each draws its token 0 from its
-  prompt's prefill logits: age 1); a rollout of length 1 is done at once.
+- Prefill: one per prompt. Slots 0..S-1 take rollouts 0..S-1, a group's rollouts spread over
+  the shards (`first_rollouts`); each draws its token 0 from its prompt's prefill logits (age 1);
+  a rollout of length 1 is done at once.
 - A decode iteration decodes every row of the current row bucket: a running row of age a writes
   its token a - 1 at completion slot a - 1 and samples token a (age a + 1); it is done at its
   end token or at age L = max_new_tokens. Then every free slot takes the next waiting rollout
@@ -17,7 +18,9 @@ The engine (``sampling/sampler.py``) decodes N rollouts through S slots (rows):
 - Before each iteration the rows to decode are chosen: all S slots while rollouts are waiting,
   else the running rows, gathered into the smallest rung of `row_rungs` that holds them
   (finished rows fill the rest of the rung): rows leave the batch as soon as they fit a smaller
-  rung.
+  rung. With the slots split into h shards (devices; slot s in shard s // (S / h)), rows are
+  gathered within their shard, so a rung of R rows holds R / h rows of each shard: the running
+  rows of the fullest shard, times h, must fit it.
 - While all S slots decode, the cache grows at phase ends. Once the running rows fit the second
   rung with none waiting (the tail), they move to a cache of full width (prompt + L slots): the
   live count only falls from then on, so the tail visits the smaller rungs in order, each one
@@ -33,6 +36,7 @@ import numpy as np
 
 AUTO_CHUNK_MIN = 32  # 'auto': at least this many slots per phase...
 AUTO_PHASES = 8  # ...and at most this many phases (each is one more loop body to compile)
+REFILL_SHARE = 8  # a refill pass starts at most slots / REFILL_SHARE rollouts (cache copies)
 
 
 def resolve_chunk(max_new_tokens: int, decode_chunk: int | str = "auto") -> int:
@@ -94,6 +98,46 @@ def start_times(lengths_r, slots: int) -> np.ndarray:
     when ``slots`` slots are refilled in rollout order. A rollout of length l started at s frees
     its slot at the end of iteration s + l - 1 (at once if l = 1)."""
     return list_schedule(np.asarray(lengths_r, np.int64) - 1, slots)
+
+
+def first_rollouts(slots: int, shards: int = 1) -> np.ndarray:
+    """int64 [slots]: the rollout each slot starts with. Slot s is in shard s // (slots / shards);
+    consecutive rollouts (a group's, whose lengths go together) go to consecutive shards, so each
+    device gets its share of every group's long completions: slot d * (slots / shards) + i takes
+    rollout i * shards + d."""
+    per = slots // shards
+    slot_s = np.arange(slots, dtype=np.int64)
+    return (slot_s % per) * shards + slot_s // per
+
+
+def slot_of(lengths_r, slots: int, shards: int = 1) -> np.ndarray:
+    """int64 [N]: the slot each rollout of ``lengths_r`` [N] runs in, ``slots`` slots (split into
+    ``shards``) filled as the sampler fills them: first as `first_rollouts` says, then, at the end
+    of an iteration, passes of at most ``ceil(slots / REFILL_SHARE)`` waiting rollouts take the
+    free slots in slot order, rollouts in order, until none is free or none waits (a rollout that
+    ends at its first token frees its slot for the next pass)."""
+    lengths_r = np.asarray(lengths_r, np.int64).ravel()
+    n = lengths_r.size
+    slots = min(slots, n)
+    slot_r = np.empty(n, np.int64)
+    slot_r[first_rollouts(slots, shards)] = np.arange(slots)
+    if slots == n:
+        return slot_r
+    width = max(1, -(-slots // REFILL_SHARE))
+    free_at = np.empty(slots, np.int64)  # the iteration at whose end each slot's rollout is done
+    free_at[slot_r[:slots]] = lengths_r[:slots] - 1
+    waiting = slots
+    while waiting < n:
+        k = int(free_at.min())
+        while waiting < n:
+            free = np.flatnonzero(free_at <= k)[: min(width, n - waiting)]
+            if not free.size:
+                break
+            taken = np.arange(waiting, waiting + free.size)
+            slot_r[taken] = free
+            free_at[free] = k + lengths_r[taken] - 1
+            waiting += free.size
+    return slot_r
 
 
 def group_stop(
@@ -162,7 +206,8 @@ def simulate(
 ) -> Schedule:
     """The sampler's decode iterations for rollouts of ``lengths_r`` [N] (in rollout order,
     each in [1, max_new_tokens]) through ``slots`` slots (0: all N), cache phases of ``chunk``
-    slots (`phase_slots`) and ``row_buckets`` rungs (`row_rungs`). ``prompt_tokens_r``: an int
+    slots (`phase_slots`) and ``row_buckets`` rungs (`row_rungs`), the slots split into
+    ``shards`` devices that each gather their own running rows. ``prompt_tokens_r``: an int
     or [N], only summed into ``prompt_sum_k``. ``stop_at``: the iterations up to that one (the
     step cut by the exit test of `group_stop`; rows, rungs and phases before it are unchanged)."""
     lengths_r = np.asarray(lengths_r, np.int64).ravel()
@@ -181,11 +226,18 @@ def simulate(
         return Schedule(empty, empty, empty, empty, empty)
     # Per iteration k = 1..last: running rows, their ages and prompts (difference arrays: row r is
     # decoded in iterations starts_r + 1 .. ends_r at ages 1 .. l - 1, age = k - start).
+    decoded = ends_r > starts_r
+    first_r, stop_r = starts_r[decoded] + 1, ends_r[decoded] + 1
+    # Rows are compacted within each shard (device): a rung holds the running rows of the
+    # fullest shard on every shard.
+    shard_r = slot_of(lengths_r, slots, shards)[decoded] // (slots // shards)
+    live_ks = np.zeros((last + 2, shards), np.int64)
+    np.add.at(live_ks, (first_r, shard_r), 1)
+    np.add.at(live_ks, (stop_r, shard_r), -1)
+    fullest_k = np.cumsum(live_ks, axis=0).max(axis=1) * shards
     live = np.zeros(last + 2, np.int64)
     offset = np.zeros(last + 2, np.int64)
     prompt = np.zeros(last + 2, np.int64)
-    decoded = ends_r > starts_r
-    first_r, stop_r = starts_r[decoded] + 1, ends_r[decoded] + 1
     np.add.at(live, first_r, 1)
     np.add.at(live, stop_r, -1)
     np.add.at(offset, first_r, -starts_r[decoded])
@@ -204,8 +256,10 @@ def simulate(
     all_started = int(starts_r.max())  # no rollout waits from the end of this iteration on
     k_k = np.arange(1, last + 1)
     rungs_desc = np.asarray(rungs)
-    # the smallest rung >= the running rows (rungs are in decreasing order)
-    smallest_k = rungs_desc[np.sum(rungs_desc[None, :] >= live_k[1 : last + 1, None], axis=1) - 1]
+    # the smallest rung that holds the fullest shard's running rows on every shard (rungs are in
+    # decreasing order)
+    fits_kr = rungs_desc[None, :] >= fullest_k[1 : last + 1, None]
+    smallest_k = rungs_desc[np.sum(fits_kr, axis=1) - 1]
     waiting_k = k_k - 1 < all_started
     rows_k = np.where(waiting_k, slots, smallest_k)
     tail_k = ~waiting_k & (rows_k < slots)

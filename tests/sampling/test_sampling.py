@@ -366,6 +366,16 @@ for temperature in (0.0, 1.0):
     assert int(b.rows_decoded) < int(b.num_decode_steps) * 4, counted
     assert len(set(b.lengths_b.tolist())) >= 3, b.lengths_b
 assert streamed.compiled_programs() == 1
+# Rows leave within their device's shard: the odd rollouts (device 1: a group's rollouts are
+# spread over the devices) end at their first token, so device 0 keeps its 4 running rows and
+# no row leaves until two of them end (across devices, 4 rows would fit rung 4 at once).
+uneven = Sampler(plain.graphdef, plain.config, eos_ids=tuple(free.tokens_bt[1::2, 0]),
+                 decode_chunk=0, row_buckets=2, plan=plan, state_shardings=param_sh)
+_, b = run(uneven, params, temperature=1.0, prompt_index_r=index_r)
+want = schedule.simulate(b.lengths_b, 6, row_buckets=2, shards=2)
+whole = schedule.simulate(b.lengths_b, 6, row_buckets=2)
+assert (b.lengths_b[1::2] == 1).all() and (b.lengths_b[::2] > 2).all(), b.lengths_b
+assert int(b.rows_decoded) == want.rows_decoded > whole.rows_decoded, (b.rows_decoded, want)
 # 3 slots do not split into the 2 batch shards: refused before anything compiles
 odd = Sampler(plain.graphdef, plain.config, slots=3, plan=plan, state_shardings=param_sh)
 try:

@@ -90,6 +90,33 @@ def test_rows_leave_as_soon_as_they_fit_a_smaller_rung():
     np.testing.assert_array_equal(s.phase_k, [0, 0, 0, 0, 1, 1, 1, 1])
 
 
+def test_rows_leave_within_their_shard():
+    """Rows are compacted within each device's shard: a rung holds the fullest shard's running
+    rows on every shard, so two running rows on one of two shards keep all 4 rows."""
+    # rollouts 0, 2 in shard 0 and 1, 3 in shard 1; two running rows from iteration 2
+    apart = schedule.simulate([9, 9, 2, 2], 9, row_buckets=2, shards=2)
+    np.testing.assert_array_equal(apart.rows_k, [4] + [2] * 7)
+    together = schedule.simulate([9, 2, 9, 2], 9, row_buckets=2, shards=2)
+    np.testing.assert_array_equal(together.rows_k, [4] * 8)
+    assert schedule.simulate([9, 2, 9, 2], 9, row_buckets=2).rows_k.tolist() == [4] + [2] * 7
+
+
+def test_refilled_slots_are_taken_in_slot_order_in_passes():
+    # 2 slots (passes of 1): rollouts 0 and 1 end at iterations 2 and 0; rollout 2 takes slot 1
+    # at 0 and ends at once (length 1), so rollout 3 takes slot 1 too; rollout 4 takes slot 0 at 2
+    assert schedule.slot_of([3, 1, 1, 4, 2], 2).tolist() == [0, 1, 1, 1, 0]
+    # 16 slots (passes of 2): slots 0..15 end together at 0 (length 1); the next 4 rollouts
+    # take slots 0, 1, then 0 and 1 again (rollouts 16 and 17 end at once)
+    assert schedule.slot_of([1] * 18 + [5, 5], 16)[16:].tolist() == [0, 1, 0, 1]
+    # with every rollout started together, rollout r is in slot r on one shard; on two shards
+    # of 3 slots, rollouts 0, 2, 4 in shard 0 and 1, 3, 5 in shard 1
+    assert schedule.slot_of([3, 1, 2], 4).tolist() == [0, 1, 2]
+    assert schedule.first_rollouts(6, 2).tolist() == [0, 2, 4, 1, 3, 5]
+    assert schedule.slot_of([3] * 6, 6, shards=2).tolist() == [0, 3, 1, 4, 2, 5]
+    # refill on two shards: rollout 1 (length 1) in slot 2 frees it for rollout 4 at once
+    assert schedule.slot_of([5, 1, 5, 5, 2], 4, shards=2).tolist() == [0, 2, 1, 3, 2]
+
+
 def test_rollouts_of_one_token_decode_nothing():
     s = schedule.simulate([1, 1, 1], 4, slots=2)
     assert s.decode_steps == 0 and s.rows_decoded == 0
