@@ -59,12 +59,14 @@ def step_record(
             [
                 sum(len(r.failed_rows) for r in result.rounds),
                 sum(len(r.timed_out_rows) for r in result.rounds),
+                sum(r.batch_timeouts for r in result.rounds),
                 int(batch.prompt_lens.sum()),
                 int(batch.lengths.sum()),
             ]
         ]
     )
-    failed, timed_out, prompt_tokens, trained_tokens = gather_rows(local_counts).sum(axis=0)
+    counts = gather_rows(local_counts).sum(axis=0)
+    failed, timed_out, batch_timeouts, prompt_tokens, trained_tokens = counts
     t_rollout = clock["sampled"] - clock["start"]
     t_update = clock["updated"] - clock["packed"]
     total = clock["end"] - clock["start"]
@@ -87,6 +89,7 @@ def step_record(
         "zero_variance_frac": float(np.mean(gather_rows(result.zero_variance_p))),
         "reward_failed_rows": int(failed),
         "reward_timeouts": int(timed_out),
+        "reward_batch_timeouts": int(batch_timeouts),
         "controller/lambda": ctrl.get("lambda", 0.0),
         "controller/s_t": ctrl["s_t"],
         "controller/straggler_rate": ctrl["straggler_rate"],
