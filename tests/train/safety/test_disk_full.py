@@ -221,6 +221,7 @@ def test_a_real_full_disk_through_tensorstore(tmp_path):
 # ---------------------------------------------------------------------- metrics.jsonl
 
 
+@pytest.mark.slow
 def test_full_disk_while_logging_a_step_is_one_line_nothing_torn_then_resumes(
     tmp_path, monkeypatch, capfd
 ):
