@@ -6,12 +6,20 @@ none). A LoRA run also gets OUT/adapter/, its adapters alone in PEFT's layout ov
 ``model.hf_checkpoint`` when the run trained over it, otherwise the base is written to
 OUT/base/ (a random preset, or the weights of ``train.init_checkpoint``). ``adapters_only``
 writes just the PEFT layout into OUT, for a run over ``model.hf_checkpoint``.
+
+An export is whole or absent: everything is written into the sibling OUT.export-tmp, renamed to
+OUT at the end. One left by an export that was killed is removed (and said) by the next; a full
+disk is one line, with nothing left at OUT.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
+import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import jax
@@ -30,7 +38,12 @@ from sagc_jax.train.policy import (
     load_run_params,
     preset_architecture,
 )
-from sagc_jax.train.safety.checkpoint import CheckpointStore, newest_verified_meta
+from sagc_jax.train.safety.checkpoint import (
+    CheckpointStore,
+    mount_point,
+    newest_verified_meta,
+    space_errno,
+)
 
 # What transformers' AutoTokenizer reads from a model directory (those the tokenizer has).
 TOKENIZER_FILES = (
@@ -39,6 +52,7 @@ TOKENIZER_FILES = (
     "special_tokens_map.json",
     "chat_template.jinja",
 )
+STAGING_SUFFIX = ".export-tmp"  # OUT is written as the sibling OUT.export-tmp, then renamed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,14 +139,42 @@ def export_run(
     tokenizer = build_tokenizer(cfg)  # a dataset run's tokenizer directory must still be there
     source = None if isinstance(tokenizer, CharTokenizer) else m.tokenizer or m.hf_checkpoint
     arch = _architecture(cfg, tokenizer)
-    where = f"export {run} step {ckpt.step}"
     if not m.lora_rank:
         params = load_run_params(run, _abstract(arch), unfinished_ok=True)
-        save_hf_params(_flat(params), arch, str(out))
-        note = _tokenizer_note(_copy_tokenizer(source, out))
-        report(f"{where} (full fine-tuning): {out} ({note})")
+        with _staged(out, report) as into:
+            save_hf_params(_flat(params), arch, str(into))
+            note = _tokenizer_note(_copy_tokenizer(source, into))
+        report(f"export {run} step {ckpt.step} (full fine-tuning): {out} ({note})")
         return
     _export_lora(ckpt, arch, tokenizer, source, out, adapters_only, report)
+
+
+@contextlib.contextmanager
+def _staged(out: Path, report) -> Iterator[Path]:
+    """The folder to write ``out`` into: its sibling ``out.export-tmp``, renamed to ``out``
+    when the block ends, removed when it raises. A full disk becomes one ConfigError line."""
+    staging = out.with_name(out.name + STAGING_SUFFIX)
+    if staging.is_dir():
+        shutil.rmtree(staging)
+        report(f"export: removed {staging}, left by an export that did not finish")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging.mkdir()
+    try:
+        yield staging
+        if out.is_dir():  # an empty directory waiting for it
+            out.rmdir()
+        os.rename(staging, out)
+    except BaseException as err:
+        shutil.rmtree(staging, ignore_errors=True)
+        code = space_errno(err) if isinstance(err, Exception) else None
+        if code is not None:
+            what = "disk quota exceeded" if code == errno.EDQUOT else "no space left"
+            raise ConfigError(
+                f"{what} on {out.parent} (the disk mounted at "
+                f"{mount_point(out.parent)}) while exporting to {out}: nothing was written "
+                f"there; free space, then run the same command"
+            ) from None
+        raise
 
 
 def _export_lora(ckpt, arch, tokenizer, source, out: Path, adapters_only: bool, report) -> None:
@@ -148,18 +190,20 @@ def _export_lora(ckpt, arch, tokenizer, source, out: Path, adapters_only: bool, 
         )
     params, adapters, adapted = lora_run_weights(ckpt, tokenizer)
     written = []
-    if not adapters_only:
-        save_merged(params, adapters, adapted, str(out))
-        written.append(f"{out} (merged; {_tokenizer_note(_copy_tokenizer(source, out))})")
-    if hf_base is None:  # PEFT loads adapters over a Hugging Face directory: write the base
-        hf_base = out / "base"
-        save_hf_params(_flat(params), arch, str(hf_base))
-        _copy_tokenizer(source, hf_base)
-        written.append(f"{hf_base} (the base)")
-    adapter_dir = out if adapters_only else out / "adapter"
-    base_path = str(Path(hf_base).absolute())
-    save_peft_adapters(adapters, adapted, str(adapter_dir), base_path, m.lora_dropout)
-    written.append(f"{adapter_dir} (PEFT adapters over {hf_base})")
+    with _staged(out, report) as into:  # written into ``into``, named as ``out``
+        if not adapters_only:
+            save_merged(params, adapters, adapted, str(into))
+            written.append(f"{out} (merged; {_tokenizer_note(_copy_tokenizer(source, into))})")
+        if hf_base is None:  # PEFT loads adapters over a Hugging Face directory: write the base
+            hf_base = out / "base"
+            save_hf_params(_flat(params), arch, str(into / "base"))
+            _copy_tokenizer(source, into / "base")
+            written.append(f"{hf_base} (the base)")
+        adapter_dir = out if adapters_only else out / "adapter"
+        base_path = str(Path(hf_base).absolute())
+        adapter_into = into if adapters_only else into / "adapter"
+        save_peft_adapters(adapters, adapted, str(adapter_into), base_path, m.lora_dropout)
+        written.append(f"{adapter_dir} (PEFT adapters over {hf_base})")
     lora = f"LoRA rank {m.lora_rank} on {', '.join(m.lora_targets)}"
     report(f"export {ckpt.run} step {ckpt.step} ({lora}): " + ", ".join(written))
 

@@ -16,7 +16,8 @@ def add_parser(subparsers) -> None:
         "merged into the weights) and the run's tokenizer files; for a LoRA run also "
         "OUT_DIR/adapter/ (adapter_config.json, adapter_model.safetensors) for "
         "peft.PeftModel.from_pretrained over its base: model.hf_checkpoint, or else the base "
-        "written to OUT_DIR/base/.",
+        "written to OUT_DIR/base/. Everything is written into OUT_DIR.export-tmp and renamed "
+        "to OUT_DIR at the end: an export is whole or absent.",
     )
     p.add_argument("run_dir", type=Path, help="a sagc-jax train (or sft) run directory")
     p.add_argument("out_dir", type=Path, help="a new (or empty) directory to write")

@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 import jax
 import numpy as np
+from jax.errors import JaxRuntimeError
 from jax.experimental import multihost_utils
 
 from sagc_jax.config import ConfigError
@@ -152,6 +153,10 @@ class PeerWatch:
     ``timeout_s`` old, so that a process stopping for the same reason (a signal to every
     process, the same error everywhere) reports its own end. When a collective fails, the main
     thread calls :meth:`explain` before it reports anything itself.
+
+    The client's calls fail with ``JaxRuntimeError`` when the coordination service is gone or
+    refuses them: the watch handles those. Any other error is not its to judge: it says so in
+    one line on stderr (what it could not do, the error, what follows) and goes on ending.
     """
 
     def __init__(
@@ -192,7 +197,7 @@ class PeerWatch:
             try:
                 self._exchange(beat)
                 unanswered_since = None
-            except Exception:  # the coordination service does not answer (process 0 is gone)
+            except JaxRuntimeError:  # the coordination service does not answer (process 0 gone)
                 unanswered_since = unanswered_since or time.monotonic()
                 if time.monotonic() - unanswered_since > self.timeout_s:
                     what = (
@@ -201,6 +206,14 @@ class PeerWatch:
                     )
                     self._lost(what, shutdown=False)
                 continue
+            except Exception as err:
+                self._unexpected(
+                    "exchange beats",
+                    err,
+                    "it stops: the other processes will stop the run "
+                    f"within --peer-timeout ({self.timeout_s:g} s), naming this one",
+                )
+                return
             if (verdict := self._verdict(grace=True)) is not None:
                 self._lost(*verdict)
 
@@ -244,8 +257,10 @@ class PeerWatch:
                     self.client.key_value_set(f"{_KEY}{self.me}", LOST, allow_overwrite=True)
                     if self.me == 0:
                         self._let_the_others_go_first()
-            except Exception:
-                pass
+            except JaxRuntimeError:
+                pass  # the service is gone too: the others find this process by its silence
+            except Exception as err:
+                self._unexpected("leave its end mark", err)
             os._exit(EXIT_PEER_LOST)
 
     def _let_the_others_go_first(self) -> None:
@@ -292,8 +307,25 @@ class PeerWatch:
         self._thread.join(timeout=5 * self.interval_s)
         try:
             self.client.key_value_set(f"{_KEY}{self.me}", mark, allow_overwrite=True)
-        except Exception:
+        except JaxRuntimeError:
             pass  # the service is gone: nobody is left to read the mark
+        except Exception as err:
+            self._unexpected(f"leave its end mark ({mark})", err)
+
+    def _unexpected(self, what: str, err: Exception, follows: str = "") -> None:
+        """One line on stderr for an error the watch cannot handle (``follows``: what happens
+        next; default: this process is ending, which the others may take a while to see)."""
+        text = (str(err).strip().splitlines() or [""])[0][:160]
+        follows = follows or (
+            f"this process ends anyway; the others may take --peer-timeout ({self.timeout_s:g} "
+            f"s) to see it"
+        )
+        print(
+            f"process {self.me} of {self.n}: the peer watch could not {what} "
+            f"({type(err).__name__}: {text}); {follows}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def watch_peers(timeout_s: float, report: Callable[[str], str]) -> PeerWatch | None:

@@ -214,13 +214,16 @@ class RewardResult:
     """Scores of a batch: ``rewards`` float32 [B]; ``failed`` the rows scored 0.0 because the
     function failed on them (empty when all is well); ``message`` a one-line summary or '';
     ``timed_out`` the rows scored 0.0 at a time limit: those the function reported
-    (:attr:`Scores.timed_out`) and those it did not finish within ``data.reward_timeout_s``.
+    (:attr:`Scores.timed_out`) and those it did not finish within ``data.reward_timeout_s``;
+    ``batch_timed_out``: the call of the whole batch ran past ``data.reward_timeout_s`` and its
+    rows were then scored one by one (whatever they scored).
     """
 
     rewards: np.ndarray
     failed: tuple[int, ...]
     message: str
     timed_out: tuple[int, ...] = ()
+    batch_timed_out: bool = False
 
 
 def _call(fn: RewardFn, prompts, completions, answers) -> tuple[list[float | str], set[int]]:
@@ -327,7 +330,13 @@ def score_batch(
                 "(counted in reward_timeouts)"
             )
         message = f"{message}; {overrun}" if message else overrun
-    return RewardResult(rewards.reshape(n), failed, message, tuple(sorted(timed_out | overran)))
+    return RewardResult(
+        rewards.reshape(n),
+        failed,
+        message,
+        tuple(sorted(timed_out | overran)),
+        batch_timed_out=whole.overran and n > 1,
+    )
 
 
 # --------------------------------------------------------------------------- time limits

@@ -122,6 +122,7 @@ class SyntheticSource(PromptSource):
         self.curriculum_start_terms = d.curriculum_start_terms
         self.prompt_pool = d.prompt_pool
         self.tokenizer = CharTokenizer()
+        _check_char_vocabulary(cfg, self.tokenizer)
         self._keep_run_settings(cfg, "synthetic", rounds_per_step, shard_index, num_shards)
         # Prompts are bounded by construction: bos, then every term's digits and a sign after it.
         longest = 1 + self.task.max_prompt_chars()
@@ -365,6 +366,24 @@ def _check_tokenizer(cfg: Config, tokenizer) -> None:
         raise ConfigError(
             f"{where}: {tokenizer.vocab_size} tokens, more than the {vocab} embeddings of {name}; "
             f"use a smaller tokenizer (sagc-jax tokenizer --vocab-size {vocab}) or a larger model"
+        )
+
+
+def _check_char_vocabulary(cfg: Config, tokenizer: CharTokenizer) -> None:
+    """A Hugging Face checkpoint whose embedding has more rows than the character tokenizer has
+    ids is refused: a rollout may draw an extra id, which it cannot decode. (A preset is sized
+    to the tokenizer; a Hugging Face tokenizer with fewer ids than rows, a padded vocabulary
+    such as Qwen2.5's 151,936 rows over 151,665 ids, decodes such ids to "".)"""
+    if not cfg.model.hf_checkpoint:
+        return
+    _, rows, name = model_limits(cfg)
+    ids = tokenizer.vocab_size
+    if rows > ids:
+        raise ConfigError(
+            f"{name}: its embedding has {rows} rows but the synthetic task's character "
+            f"tokenizer has {ids} ids; a rollout could draw an id from {ids} to {rows - 1}, "
+            f"which it cannot decode; use data.task=dataset with the checkpoint's tokenizer, "
+            f"or a model.preset (sized to the {ids} ids) for the synthetic task"
         )
 
 

@@ -6,7 +6,8 @@ GRPO trainer (``loop.Trainer.run``) and the SFT warm start (``sft.run_sft``) bot
 hook that sees a stop request saves a checkpoint and calls :meth:`Hooks.stop`, and the loop ends
 after that step. The GRPO trainer's own hooks are named here, each with its state in the open:
 ``Evaluation``, ``SpikeGuard`` (a gradient-norm spike holds checkpoints back),
-``DivergenceCheck`` (too many non-finite updates in a row end the run) and ``Checkpointing``.
+``DivergenceCheck`` (too many non-finite updates in a row end the run), ``RewardStallNotice``
+and ``Checkpointing``.
 """
 
 from __future__ import annotations
@@ -153,6 +154,28 @@ class SpikeGuard:
     def holds_back(self, step: int) -> bool:
         """True while the checkpoint of ``step`` would hold the weights of a spike."""
         return step <= self.quiet_until
+
+
+class RewardStallNotice:
+    """Says once per run, at the first step that counts one, that a call of the reward function
+    ``reward`` on a whole batch ran past ``data.reward_timeout_s`` (``timeout_s``) and its rows
+    were then scored one by one: their scores count, but the function stalls on batches."""
+
+    def __init__(self, reward: str, timeout_s: float, report: Callable[[str], None]):
+        self.reward = reward
+        self.timeout_s = timeout_s
+        self.report = report
+        self.said = False
+
+    def __call__(self, step: int, record: dict[str, Any]) -> None:
+        if self.said or not record.get("reward_batch_timeouts"):
+            return
+        self.said = True
+        self.report(
+            f"step {step}: reward {self.reward} ran past data.reward_timeout_s = "
+            f"{self.timeout_s:g} s on a whole batch, then scored its rows one by one; each such "
+            f"batch costs up to twice the limit; counted in reward_batch_timeouts (said once)"
+        )
 
 
 class DivergenceCheck:

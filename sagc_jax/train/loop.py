@@ -40,6 +40,7 @@ from sagc_jax.train.hooks import (
     Evaluation,
     Hooks,
     ProgressBar,
+    RewardStallNotice,
     SpikeGuard,
 )
 from sagc_jax.train.lora_base import base_identity
@@ -385,8 +386,8 @@ class Trainer:
 
     def _hooks(self, stop: StopRequest, bar: ProgressBar | None) -> Hooks:
         """What runs after each step, in order: evaluation, the log line and progress bar, the
-        spike and divergence checks, sealing finished checkpoints, saving one (and stopping)
-        when due."""
+        spike check, the reward-stall notice, the divergence check, sealing finished
+        checkpoints, saving one (and stopping) when due."""
         t = self.cfg.train
         hooks = Hooks(t.steps)
         spikes = SpikeGuard(t.spike_factor, t.spike_window, report=self._say)
@@ -395,6 +396,9 @@ class Trainer:
         if bar is not None:
             hooks.add(bar)
         hooks.add(spikes)
+        hooks.add(
+            RewardStallNotice(self.cfg.data.reward, self.cfg.data.reward_timeout_s, self._say)
+        )
         hooks.add(DivergenceCheck(t.max_nonfinite_steps, self.run_state, spikes))
         hooks.add(Checkpointing(t, self.run_state, self.save, spikes, stop, hooks))
         return hooks

@@ -5,8 +5,10 @@ the run's summary (``summarize``). Reading them back does not import jax."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,12 +61,14 @@ def step_record(
             [
                 sum(len(r.failed_rows) for r in result.rounds),
                 sum(len(r.timed_out_rows) for r in result.rounds),
+                sum(r.batch_timeouts for r in result.rounds),
                 int(batch.prompt_lens.sum()),
                 int(batch.lengths.sum()),
             ]
         ]
     )
-    failed, timed_out, prompt_tokens, trained_tokens = gather_rows(local_counts).sum(axis=0)
+    counts = gather_rows(local_counts).sum(axis=0)
+    failed, timed_out, batch_timeouts, prompt_tokens, trained_tokens = counts
     t_rollout = clock["sampled"] - clock["start"]
     t_update = clock["updated"] - clock["packed"]
     total = clock["end"] - clock["start"]
@@ -87,6 +91,7 @@ def step_record(
         "zero_variance_frac": float(np.mean(gather_rows(result.zero_variance_p))),
         "reward_failed_rows": int(failed),
         "reward_timeouts": int(timed_out),
+        "reward_batch_timeouts": int(batch_timeouts),
         "controller/lambda": ctrl.get("lambda", 0.0),
         "controller/s_t": ctrl["s_t"],
         "controller/straggler_rate": ctrl["straggler_rate"],
@@ -187,6 +192,25 @@ def _lines_up_to(path: Path, step: int, report) -> list[str]:
     return keep
 
 
+_write = os.write  # the seam the full-disk tests patch
+
+
+def _no_space(err: OSError, path: Path, what: str) -> Exception | None:
+    """A write of ``path`` that failed for lack of space as one line for the command line
+    (``what``: when, and what became of the log); None for any other error."""
+    from sagc_jax.train.safety.checkpoint import mount_point, space_errno
+    from sagc_jax.train.safety.runlock import RunDirError
+
+    code = space_errno(err)
+    if code is None:
+        return None
+    why = "disk quota exceeded" if code == errno.EDQUOT else "no space left"
+    return RunDirError(
+        f"{why} on {path.parent} (the disk mounted at {mount_point(path.parent)}) {what}; free "
+        f"space, then run the same command to resume from the last checkpoint"
+    )
+
+
 class MetricsWriter:
     """Appends ``metrics.jsonl`` and writes TensorBoard event files into ``run_dir``.
 
@@ -206,28 +230,57 @@ class MetricsWriter:
         before a crash, and about to be redone) are dropped from both logs, and so is a line
         torn by a crash or a full disk (said through ``report``)."""
         self.enabled = enabled
-        self._jsonl = None
+        self._fd: int | None = None
         self._tb = None
         if not enabled:
             return
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        path = run_dir / "metrics.jsonl"
-        if path.exists():
-            path.write_text("".join(_lines_up_to(path, resume_step, report)))
-        self._jsonl = path.open("a")
+        self.path = run_dir / "metrics.jsonl"
+        if self.path.exists():
+            self._rewrite("".join(_lines_up_to(self.path, resume_step, report)), resume_step)
+        # unbuffered: a line is written whole or (cut short by a full disk) taken back
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         if tensorboard:
             from tensorboardX import SummaryWriter
 
             self._tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step + 1)
+
+    def _rewrite(self, text: str, resume_step: int) -> None:
+        """Replace the log with ``text`` (a resume drops the steps to redo): into a sibling,
+        renamed over it, so a full disk leaves the old log whole."""
+        partial = self.path.with_name(self.path.name + ".tmp")
+        try:
+            partial.write_text(text)
+            os.replace(partial, self.path)
+        except OSError as err:
+            partial.unlink(missing_ok=True)
+            what = (
+                f"while trimming {self.path.name} to step {resume_step} to resume: it is unchanged"
+            )
+            if (line := _no_space(err, self.path, what)) is None:
+                raise
+            raise line from None
+
+    def _append(self, data: bytes, step: int) -> None:
+        start = os.fstat(self._fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[_write(self._fd, view) :]
+        except OSError as err:
+            os.ftruncate(self._fd, start)  # nothing torn: the log ends with its last whole line
+            what = f"while logging step {step} to {self.path.name}: the line was not kept"
+            if (line := _no_space(err, self.path, what)) is None:
+                raise
+            raise line from None
 
     def write(self, step: int, record: dict[str, Any], candidates: tuple[int, ...] = ()) -> None:
         """Log one step. Lists (lengths, ratios) go to JSONL only; numbers also to TensorBoard."""
         if not self.enabled:
             return
         line = {"step": step, **{k: _plain(v) for k, v in record.items()}}
-        self._jsonl.write(json.dumps(line) + "\n")
-        self._jsonl.flush()
+        self._append((json.dumps(line) + "\n").encode(), step)
         if self._tb is None:
             return
         for key, value in record.items():
@@ -242,8 +295,9 @@ class MetricsWriter:
         self._tb.flush()
 
     def close(self) -> None:
-        if self._jsonl is not None:
-            self._jsonl.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
         if self._tb is not None:
             self._tb.close()
 

@@ -43,6 +43,7 @@ class Rollouts:
     rewards: np.ndarray  # float32 [N], before shaping
     failed_rows: tuple[int, ...] = ()
     timed_out_rows: tuple[int, ...] = ()  # scored 0.0 at the reward's time limit
+    batch_timeouts: int = 0  # reward calls of a whole batch past the limit, then scored by row
     decode_steps: int = 0
     rows_decoded: int = 0  # rows of the decode iterations, summed (all processes')
     live_rows_decoded: int = 0  # of those, rows still running
@@ -81,6 +82,7 @@ class Rollouts:
             rewards=self.rewards[rows],
             failed_rows=(),
             timed_out_rows=(),
+            batch_timeouts=0,
             cut=None if self.cut is None else self.cut[rows],
         )
 
@@ -104,6 +106,7 @@ class Rollouts:
             rewards=cat("rewards"),
             failed_rows=(),
             timed_out_rows=(),
+            batch_timeouts=0,
             decode_steps=sum(p.decode_steps for p in parts),
             rows_decoded=sum(p.rows_decoded for p in parts),
             live_rows_decoded=sum(p.live_rows_decoded for p in parts),
@@ -183,6 +186,7 @@ def generate(
         rewards=scored.rewards,
         failed_rows=scored.failed,
         timed_out_rows=scored.timed_out,
+        batch_timeouts=int(scored.batch_timed_out),
         decode_steps=int(out.num_decode_steps),
         rows_decoded=int(out.rows_decoded),
         live_rows_decoded=int(out.live_rows_decoded),

@@ -11,10 +11,11 @@ import threading
 
 import pytest
 from helpers import PYTHONPATH, ROOT, TINY
+from jax.errors import JaxRuntimeError
 
 from sagc_jax.config import ConfigError
 from sagc_jax.parallel import EXIT_PEER_LOST, initialize, supervisor
-from sagc_jax.parallel.distributed import FAILED, PeerWatch
+from sagc_jax.parallel.distributed import DONE, FAILED, PeerWatch
 
 RUN = [
     *TINY,
@@ -86,6 +87,53 @@ def test_the_watch_tells_a_dead_a_failed_and_a_live_process_apart(monkeypatch, c
     assert exits == [EXIT_PEER_LOST] * 2
     assert capsys.readouterr().err == (
         "train: process 1 of 2 stopped responding (no heartbeat for 1 s, --peer-timeout); saved\n"
+    )
+
+
+class _FailingStore(_Store):
+    """A store whose writes raise ``error`` once it is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.error: Exception | None = None
+
+    def key_value_set(self, key, value, allow_overwrite=False):
+        if self.error is not None:
+            raise self.error
+        super().key_value_set(key, value, allow_overwrite)
+
+
+def test_the_watch_handles_a_lost_service_and_names_what_it_cannot_handle(capsys):
+    store = _FailingStore()
+    watch = PeerWatch(store, 1, 2, 1.0, lambda what: what).start()
+    watch._stop.set()  # its thread's beats are not what is tested here
+    # the coordination service is gone (process 0 died): nobody reads the mark, nothing said
+    store.error = JaxRuntimeError("UNAVAILABLE: Failed to send RPC to coordination service")
+    watch.finish(DONE)
+    assert capsys.readouterr().err == ""
+
+    # anything else is not the watch's to judge: one line naming it, and the run still ends
+    store = _FailingStore()
+    watch = PeerWatch(store, 1, 2, 1.0, lambda what: what).start()
+    watch._stop.set()
+    store.error = TypeError("key_value_set() got an unexpected keyword argument\nmore")
+    watch.finish(DONE)
+    assert capsys.readouterr().err == (
+        "process 1 of 2: the peer watch could not leave its end mark (done) (TypeError: "
+        "key_value_set() got an unexpected keyword argument); this process ends anyway; the "
+        "others may take --peer-timeout (1 s) to see it\n"
+    )
+    # an unexpected error in the beat itself ends the watch's thread with one line, not a
+    # traceback, and not with the verdict that process 0 stopped answering
+    store = _FailingStore()
+    watch = PeerWatch(store, 1, 2, 1.0, lambda what: what).start()
+    store.error = KeyError("sagc_jax/peer/1")
+    watch._thread.join(timeout=10)
+    assert not watch._thread.is_alive()
+    assert capsys.readouterr().err == (
+        "process 1 of 2: the peer watch could not exchange beats (KeyError: 'sagc_jax/peer/1'); "
+        "it stops: the other processes will stop the run within --peer-timeout (1 s), naming "
+        "this one\n"
     )
 
 

@@ -9,6 +9,7 @@ step's JSON item (it runs in Orbax's commit threads, like the array writes), or 
 """
 
 import errno
+import json
 import logging
 import os
 import shutil
@@ -23,8 +24,10 @@ from helpers import sets
 from orbax.checkpoint._src.handlers.json_checkpoint_handler import JsonCheckpointHandler
 
 from sagc_jax.cli import main
+from sagc_jax.train import metrics
 from sagc_jax.train.safety import checkpoint
 from sagc_jax.train.safety.checkpoint import CheckpointError, CheckpointStore, space_errno
+from sagc_jax.train.safety.runlock import RunDirError
 
 TINY = [*TRAIN_TINY, "logging.tensorboard=false", "train.checkpoint_every=2"]
 TENSORSTORE_ENOSPC = (
@@ -213,3 +216,59 @@ def test_a_real_full_disk_through_tensorstore(tmp_path):
     assert f"no space left on {disk / 'ckpt'} (the disk mounted at {disk})" in message
     assert "while saving step 2" in message and "(newest: step 1)" in message
     assert "LEFT ['1'] None" in proc.stdout  # the partial step 2 is gone, step 1 verifies
+
+
+# ---------------------------------------------------------------------- metrics.jsonl
+
+
+@pytest.mark.slow
+def test_full_disk_while_logging_a_step_is_one_line_nothing_torn_then_resumes(
+    tmp_path, monkeypatch, capfd
+):
+    """The disk fills up halfway through step 3's line of metrics.jsonl: half of it reaches the
+    file, then the write fails. The line is taken back, one line says so, and the rerun
+    resumes from the step-2 checkpoint and logs every step once."""
+    run = tmp_path / "run"
+    args = ["train", *sets([*TINY, "train.steps=4", f"logging.run_dir={run}"])]
+    real_write = metrics._write
+
+    def write(fd, data):
+        if bytes(data).startswith(b'{"step": 3,'):
+            real_write(fd, data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(metrics, "_write", write)
+    assert main(args) == 2
+    out, err = capfd.readouterr()
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith(f"error: no space left on {run} (the disk mounted at ")
+    assert "while logging step 3 to metrics.jsonl: the line was not kept; free space, then" in err
+    text = (run / "metrics.jsonl").read_text()
+    assert text.endswith("\n")
+    assert [json.loads(line)["step"] for line in text.splitlines()] == [0, 1, 2]  # none torn
+
+    monkeypatch.undo()  # space is free again
+    assert main(args) == 0
+    out, err = capfd.readouterr()
+    assert "resuming" in out and "from step 2" in out
+    assert "dropped a torn line" not in out
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged if "group_size" in r] == [1, 2, 3, 4]
+
+
+def test_full_disk_while_trimming_the_log_at_a_resume_leaves_it_whole(tmp_path, monkeypatch):
+    log = tmp_path / "metrics.jsonl"
+    text = "".join(json.dumps({"step": s, "group_size": 2}) + "\n" for s in range(5))
+    log.write_text(text)
+    real_write_text = type(log).write_text
+
+    def write_text(path, data, *a, **kw):
+        real_write_text(path, data[: len(data) // 2], *a, **kw)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(type(log), "write_text", write_text)
+    with pytest.raises(RunDirError, match=r"while trimming metrics.jsonl to step 2 to resume: it"):
+        metrics.MetricsWriter(tmp_path, tensorboard=False, resume_step=2)
+    monkeypatch.undo()
+    assert log.read_text() == text and sorted(p.name for p in tmp_path.iterdir()) == [log.name]

@@ -11,6 +11,7 @@ from helpers import TINY, sets, write_word_tokenizer
 
 from sagc_jax.cli import main
 from sagc_jax.tasks import RewardError, TimeLimitedReward, resolve_reward, score_batch
+from sagc_jax.train.hooks import RewardStallNotice
 
 # --------------------------------------------------------------------------- damaged files
 
@@ -180,6 +181,11 @@ USER_REWARDS = textwrap.dedent(
         if os.path.exists(log) and os.path.getsize(log) >= 2:
             time.sleep(10**6)
         return [float(len(c) % 2) for c in completions]
+
+    def stalls_on_batches(prompts, completions, answers):
+        if len(completions) > 1:
+            time.sleep(10**6)  # a whole batch never finishes; one row at a time is quick
+        return [float(len(c) % 2) for c in completions]
     """
 )
 LIMIT = 0.5
@@ -233,6 +239,55 @@ def test_a_reward_that_raises_in_its_worker_is_named_as_in_process(user_rewards)
     result = score_batch(user_rewards("raises"), C, C, C, on_error="zero")
     assert result.rewards.tolist() == [1, 1, 0, 1] and result.failed == (2,)
     assert result.timed_out == ()
+
+
+def test_a_batch_that_runs_past_the_limit_then_scores_row_by_row_is_counted(user_rewards):
+    reward = user_rewards("stalls_on_batches", limit=3)  # rows alone have time to spare
+    result = score_batch(reward, C, C, C, on_error="raise")  # nothing fails, nothing raises
+    assert result.rewards.tolist() == [1, 0, 1, 0]
+    assert result.batch_timed_out and result.timed_out == () and result.failed == ()
+    assert not score_batch(reward, C[:1], C[:1], C[:1]).batch_timed_out  # a row is no batch
+    assert not score_batch(user_rewards("hang_on_bad"), C[:2], C[:2], C[:2]).batch_timed_out
+
+
+def test_the_reward_stall_notice_speaks_once_per_run():
+    lines = []
+    notice = RewardStallNotice("mod:fn", 3.0, lines.append)
+    for step, count in enumerate([0, 2, 1, 0, 1], 1):
+        notice(step, {"reward_batch_timeouts": count})
+    assert lines == [
+        "step 2: reward mod:fn ran past data.reward_timeout_s = 3 s on a whole batch, then "
+        "scored its rows one by one; each such batch costs up to twice the limit; counted in "
+        "reward_batch_timeouts (said once)"
+    ]
+
+
+@pytest.mark.slow
+def test_a_run_counts_batches_past_the_limit_and_says_so_once(user_rewards, tmp_path, capsys):
+    run = tmp_path / "run"
+    overrides = [
+        *TINY,
+        "logging.tensorboard=false",
+        "data.reward=sagc_test_slow_rewards:stalls_on_batches",
+        "data.reward_timeout_s=3",
+        "train.steps=2",
+        "controller.kind=fixed",
+        "controller.group_size=2",
+        "train.eval_size=2",
+        f"logging.run_dir={run}",
+    ]
+    assert main(["train", *sets(overrides)]) == 0
+    out = capsys.readouterr().out
+    said = [line for line in out.splitlines() if "on a whole batch" in line]
+    assert said == [
+        "train: step 1: reward sagc_test_slow_rewards:stalls_on_batches ran past "
+        "data.reward_timeout_s = 3 s on a whole batch, then scored its rows one by one; each "
+        "such batch costs up to twice the limit; counted in reward_batch_timeouts (said once)"
+    ]
+    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if "group_size" in r]
+    assert [r["reward_batch_timeouts"] for r in steps] == [1, 1]  # one round per step
+    assert [r["reward_timeouts"] for r in steps] == [0, 0]  # every row scored in time
 
 
 def test_no_limit_calls_the_function_itself(user_rewards):

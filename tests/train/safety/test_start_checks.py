@@ -91,3 +91,55 @@ def test_a_finished_run_leaves_no_lock_file(tmp_path, capsys):
     assert (run / "checkpoints").is_dir() and not (run / LOCK_FILE).exists()
     assert train(run) == 0  # finished: read, and released again
     assert "is finished" in capsys.readouterr().out and not (run / LOCK_FILE).exists()
+
+
+# ---------------------------------------------------------------------- a padded vocabulary
+
+
+@pytest.fixture(scope="module")
+def hf_checkpoints(tmp_path_factory):
+    """Tiny Hugging Face checkpoints whose embeddings have 512 rows (more than the character
+    tokenizer's ids) and exactly the character tokenizer's ids."""
+    from flax import nnx
+
+    from sagc_jax.models import Decoder, get_preset, save_hf_checkpoint
+    from sagc_jax.tasks import CharTokenizer
+
+    root = tmp_path_factory.mktemp("vocab")
+    for name, rows in [("padded", 512), ("exact", CharTokenizer().vocab_size)]:
+        arch = get_preset("tiny").replace(vocab_size=rows)
+        save_hf_checkpoint(Decoder(arch, rngs=nnx.Rngs(0)), arch, str(root / name))
+    return root
+
+
+def test_a_checkpoint_with_more_rows_than_the_tokenizer_has_ids_is_refused_before_step_0(
+    hf_checkpoints, tmp_path, capsys
+):
+    """Before: the rollouts drew ids past the character tokenizer's and the run ended
+    mid-sampling with `CharTokenizer: id 488 is out of range`."""
+    from sagc_jax.tasks import CharTokenizer
+
+    ids = CharTokenizer().vocab_size
+    padded = hf_checkpoints / "padded"
+    run = [*TINY, "train.steps=1", "logging.tensorboard=false"]
+    args = [
+        "train",
+        *sets([*run, f"model.hf_checkpoint={padded}", f"logging.run_dir={tmp_path / 'a'}"]),
+    ]
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert err == (
+        f"error: model.hf_checkpoint {padded}: its embedding has 512 rows but the synthetic "
+        f"task's character tokenizer has {ids} ids; a rollout could draw an id from {ids} to "
+        f"511, which it cannot decode; use data.task=dataset with the checkpoint's tokenizer, "
+        f"or a model.preset (sized to the {ids} ids) for the synthetic task\n"
+    )
+    assert "compiled" not in out and not (tmp_path / "a").exists()  # refused before step 0
+
+    # a checkpoint sized to the character tokenizer trains
+    exact = hf_checkpoints / "exact"
+    args = [
+        "train",
+        *sets([*run, f"model.hf_checkpoint={exact}", f"logging.run_dir={tmp_path / 'b'}"]),
+    ]
+    assert main(args) == 0
