@@ -477,18 +477,25 @@ class Sampler:
 
         def start(cache: KVCache, run: _Run, slot_j, rollout_j, valid_j, first=False):
             """Rollouts rollout_j take slots slot_j where valid_j (their occupants' completions
-            written out first, unless ``first``): their prompts' caches copied in, their first
-            tokens drawn from their prompts' logits."""
+            written out first, unless ``first``: slot_j is every slot in order, all valid):
+            their prompts' caches copied in, their first tokens drawn from their prompts'
+            logits."""
             s_j = jnp.where(valid_j, slot_j, num_slots)  # invalid ones dropped
             if not first:
                 leaving = _take_rows(run.slots, jnp.minimum(slot_j, num_slots - 1))
                 run = flush(run, leaving, valid_j)
             prompt_j = prompt_index_r[jnp.minimum(rollout_j, n - 1)]
+            if first and self.plan is not None:  # slot j's prompt on the device of slot j
+                prompt_j = jax.lax.with_sharding_constraint(prompt_j, self.plan.rows)
             token_j, logprob_j = draw(logits_pv[prompt_j], rollout_j, jnp.zeros_like(rollout_j))
 
             def copy_in(x, prompt_x, slots_axis: int):
-                """A layer's keys or values with the prompts' in the slots s_j."""
-                at = (s_j, *(slice(None),) * (slots_axis - 1), slice(0, prompt_len))
+                """A layer's keys or values with the prompts' in the slots s_j. The first start
+                fills every slot in order: a slice, not a scatter, so that each device gathers
+                only its own rows' prompts (a scatter at indices known to every device
+                materialises every slot's prompt on every device)."""
+                rows = s_j if not first else slice(None)
+                at = (rows, *(slice(None),) * (slots_axis - 1), slice(0, prompt_len))
                 return _in_first_block(x, lambda b: b.at[at].set(prompt_x[prompt_j], mode="drop"))
 
             cache = self._constrain(
@@ -516,7 +523,10 @@ class Sampler:
                 tokens_sl=jnp.where(first_l[None, :], token_j[:, None], pad),
                 logprobs_sl=jnp.where(first_l[None, :], logprob_j[:, None], 0.0),
             )
-            slots = jax.tree.map(lambda x, y: x.at[s_j].set(y, mode="drop"), run.slots, new)
+            if first:  # every slot, in order
+                slots = new
+            else:
+                slots = jax.tree.map(lambda x, y: x.at[s_j].set(y, mode="drop"), run.slots, new)
             run = count_done(run, valid_j & ~new.live_s, prompt_j)
             return cache, run._replace(slots=slots)
 
