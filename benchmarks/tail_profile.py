@@ -9,8 +9,8 @@ the devices and divided by their number. Printed: the regions by time, each with
 the ``--top`` ops of the two regions that spend the most outside any loop (the prologue, the
 gathers into the tail); and the decode iterations the call ran at each row count
 (`schedule.simulate` on its lengths, checked against the program's own count), so a loop's time
-over its iterations is its cost per iteration. This is the profile that found the tail's gathers computed whole on every device
-(BENCHMARKS.md).
+over its iterations is its cost per iteration. This is the profile that found the tail's gather
+computed whole on every device (BENCHMARKS.md).
 
     .venv/bin/python benchmarks/tail_profile.py [--devices 2] [--seed 1] [--top 8]
 

@@ -40,8 +40,13 @@ from sagc_jax.models import Decoder, DecoderConfig, KVCache, init_cache
 from sagc_jax.models.layers import cache_blocks
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.sampling.functions import sample_token
-from sagc_jax.sampling import schedule
-from sagc_jax.sampling.schedule import REFILL_SHARE, phase_slots, resolve_chunk, row_rungs
+from sagc_jax.sampling.schedule import (
+    REFILL_SHARE,
+    first_rollouts,
+    phase_slots,
+    resolve_chunk,
+    row_rungs,
+)
 
 
 class SampleOutput(NamedTuple):
@@ -711,7 +716,7 @@ class Sampler:
         )
         cache = self.empty_cache(num_slots, prompt_len + caps_p[0])
         slot_s = jnp.arange(num_slots, dtype=jnp.int32)
-        first_s = jnp.asarray(schedule.first_rollouts(num_slots, shards), jnp.int32)
+        first_s = jnp.asarray(first_rollouts(num_slots, shards), jnp.int32)
         cache, run = start(cache, run, slot_s, first_s, jnp.ones((num_slots,), bool), True)
         if n > num_slots:  # rollouts that ended at their first token free their slots at once
             cache, run = refill(cache, run)
