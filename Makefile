@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: train test test-fast simulate experiment lint clean clean-runs
+.PHONY: train test test-fast simulate experiment soak lint clean clean-runs
 
 # (Re)install when pyproject.toml changes; the venv is created on first use. The demo needs the
 # package alone; the tests (and lint) add the dev extra: pytest, ruff, CPU PyTorch, transformers.
@@ -74,6 +74,13 @@ test: $(DEV_STAMP)
 
 test-fast: $(DEV_STAMP)
 	$(PY) -m pytest -n auto --dist loadfile -m "not slow"
+
+# The chaos soak (docs/reliability.md), not part of `make test`: the demo killed (SIGKILL, SIGTERM,
+# SIGINT) and restarted at random moments for an hour, each completed run checked bit for bit
+# against an uninterrupted one. `make soak SOAK_FLAGS="--minutes 2 --tiny --steps 3"`: a quick try.
+SOAK_FLAGS ?=
+soak: $(STAMP)
+	$(PY) benchmarks/soak.py $(SOAK_FLAGS)
 
 lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check sagc_jax tests benchmarks
