@@ -32,15 +32,17 @@ labels inside a step are estimates: another load on the machine shifts them.
 
 After every kill the next start must resume from the newest step whose files verify (the
 trainer's own rule, computed here with its ``CheckpointStore`` before the start; a run none of
-whose steps is sealed restores its newest unverified, and that is counted), and must log
-"train: resuming DIR from step S" accordingly; a process must end with 0 or the signal's code
-(128 + n, or -n before the handlers are installed; 4 for the survivor of a two-process run) and
-print no traceback. A completed run must hold, in its final checkpoint, parameters, optimizer
-state and controller state bit-identical to the reference's (restored with ``CheckpointStore``,
-compared with ``np.array_equal``); metrics.jsonl must hold one whole record per step, 0 (the
-step-0 evaluation) to ``--steps``; no Orbax temporary directory, ``*.tmp`` file, ``run.lock`` or
-step without a verifying integrity record may remain (steps moved to ``checkpoints-rejected/``
-are kept there by design and counted). The first failure ends the soak.
+whose steps is sealed restores its newest unverified, and that is counted), and must log "train:
+resuming DIR from step S" accordingly (a start stopped before its "train: mesh" line, which
+comes with that one, has not said yet and is not judged); a process must end with 0 or the
+signal's code (128 + n, or -n before the handlers are installed; 4 for the survivor of a
+two-process run) and print no traceback. A completed run must hold, in its final checkpoint,
+parameters, optimizer state and controller state bit-identical to the reference's (restored with
+``CheckpointStore``, compared with ``np.array_equal``); metrics.jsonl must hold one whole record
+per step, 0 (the step-0 evaluation) to ``--steps``; no Orbax temporary directory, ``*.tmp``
+file, ``run.lock`` or step without a verifying integrity record may remain (steps moved to
+``checkpoints-rejected/`` are kept there by design and counted). The first failure ends the
+soak.
 
 Prints one line: kills by signal and stage, restarts, most steps lost by one kill, runs
 checked, the verdict; exit code 1 on FAIL.
@@ -404,9 +406,12 @@ class Start:
     def stderr(self) -> list[str]:
         return [Path(f.name).read_text() for f in self.logs]
 
-    def resumed_from(self) -> int:
+    def resumed_from(self) -> int | None:
+        """The step this start resumed from (0: a fresh start), or None when it was stopped
+        before it said (its "train: mesh" line comes with the resume line, once restored)."""
         matches = [r.match(line) for _, line in self.lines for r in (RESUMED, FINISHED)]
-        return next((int(m.group(1)) for m in matches if m), 0)
+        step = next((int(m.group(1)) for m in matches if m), None)
+        return step if step is not None or not self.seen("train: mesh") else 0
 
 
 def _free_port() -> int:
@@ -545,14 +550,14 @@ class Soak:
                 f"{start.run_dir.name} start {attempt}: resumed from {got} (expected {expect}"
                 f"{', unverified' if unverified else ''}), aim {aim}, kill {kill}, exit {codes}"
             )
-            if got != expect:
+            if got is not None and got != expect:
                 raise Failure(
                     f"{run_dir} start {attempt}: resumed from step {got}, the newest verified "
                     f"step is {expect}"
                 )
             self.unverified += unverified
             if previous is not None:
-                self.lost.append(max(previous.progress - got, 0))
+                self.lost.append(max(previous.progress - expect, 0))
             self.check_exit(start, codes, kill)
             if kill is None:
                 break  # the run completed (any other end failed check_exit)

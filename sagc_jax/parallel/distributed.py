@@ -155,8 +155,11 @@ class PeerWatch:
     thread calls :meth:`explain` before it reports anything itself.
 
     The client's calls fail with ``JaxRuntimeError`` when the coordination service is gone or
-    refuses them: the watch handles those. Any other error is not its to judge: it says so in
-    one line on stderr (what it could not do, the error, what follows) and goes on ending.
+    refuses them: the watch handles those. When process 0 stalls (stopped, swapping, a hung
+    host) its service neither answers nor fails, and the call blocks: a second thread (the
+    guard) ends this process once one exchange has been in flight for ``timeout_s``. Any other
+    error is not its to judge: it says so in one line on stderr (what it could not do, the
+    error, what follows) and goes on ending.
     """
 
     def __init__(
@@ -171,11 +174,22 @@ class PeerWatch:
         self._exit_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sagc-jax-peer-watch", daemon=True)
+        self._guard = threading.Thread(
+            target=self._guard_run, name="sagc-jax-peer-guard", daemon=True
+        )
+        self._asking_since: float | None = None  # when the exchange in flight began
 
     def start(self) -> PeerWatch:
         self._exchange(0)
         self._thread.start()
+        self._guard.start()
         return self
+
+    def _coordinator_silent(self, how: str) -> str:
+        return (
+            f"process 0 of {self.n} (the jax.distributed coordinator) {how} "
+            f"({self.timeout_s:g} s, --peer-timeout)"
+        )
 
     def _values(self) -> dict[int, str]:
         return {int(k.rsplit("/", 1)[-1]): v for k, v in self.client.key_value_dir_get(_KEY)}
@@ -194,17 +208,14 @@ class PeerWatch:
         beat, unanswered_since = 0, None
         while not self._stop.wait(self.interval_s):
             beat += 1
+            self._asking_since = time.monotonic()
             try:
                 self._exchange(beat)
                 unanswered_since = None
             except JaxRuntimeError:  # the coordination service does not answer (process 0 gone)
                 unanswered_since = unanswered_since or time.monotonic()
                 if time.monotonic() - unanswered_since > self.timeout_s:
-                    what = (
-                        f"process 0 of {self.n} (the jax.distributed coordinator) stopped "
-                        f"answering ({self.timeout_s:g} s, --peer-timeout)"
-                    )
-                    self._lost(what, shutdown=False)
+                    self._lost(self._coordinator_silent("stopped answering"), shutdown=False)
                 continue
             except Exception as err:
                 self._unexpected(
@@ -214,8 +225,19 @@ class PeerWatch:
                     f"within --peer-timeout ({self.timeout_s:g} s), naming this one",
                 )
                 return
+            finally:
+                self._asking_since = None
             if (verdict := self._verdict(grace=True)) is not None:
                 self._lost(*verdict)
+
+    def _guard_run(self) -> None:
+        """End this process when one exchange has hung for ``timeout_s`` (a stalled process 0:
+        its service holds the call open; leaving an end mark would hang the same way)."""
+        while not self._stop.wait(self.interval_s):
+            since = self._asking_since
+            if since is not None and time.monotonic() - since > self.timeout_s:
+                what = self._coordinator_silent("stopped answering")
+                self._lost(what, shutdown=False, mark=False)
 
     def _verdict(self, grace: bool) -> tuple[str, bool] | None:
         """(what happened to the first process that died, stopped or failed; whether it takes
@@ -239,9 +261,10 @@ class PeerWatch:
                 return f"{who} failed (see its output)", True
         return None
 
-    def _lost(self, what: str, shutdown: bool) -> None:
-        """Print the one line and exit; ``shutdown``: through jax.distributed's shutdown."""
-        if self._stop.is_set() and threading.current_thread() is self._thread:
+    def _lost(self, what: str, shutdown: bool, mark: bool = True) -> None:
+        """Print the one line and exit; ``shutdown``: through jax.distributed's shutdown;
+        ``mark``: leave the LOST mark first (not when the service hangs)."""
+        if self._stop.is_set() and threading.current_thread() is not threading.main_thread():
             return  # this process is finishing: it no longer speaks for the run
         with self._exit_lock:  # one line, from whichever thread comes first
             try:
@@ -253,7 +276,7 @@ class PeerWatch:
             try:
                 if shutdown:
                     jax.distributed.shutdown()
-                else:
+                elif mark:
                     self.client.key_value_set(f"{_KEY}{self.me}", LOST, allow_overwrite=True)
                     if self.me == 0:
                         self._let_the_others_go_first()
@@ -305,6 +328,7 @@ class PeerWatch:
         """Stop watching and leave ``mark`` (DONE, FAILED or STOPPED) in place of the beat."""
         self._stop.set()
         self._thread.join(timeout=5 * self.interval_s)
+        self._guard.join(timeout=5 * self.interval_s)
         try:
             self.client.key_value_set(f"{_KEY}{self.me}", mark, allow_overwrite=True)
         except JaxRuntimeError:

@@ -36,10 +36,13 @@ EXIT_PEER_LOST = 4  # exit code of the survivors of a process that died or stopp
 CHILD_ENV = "SAGC_JAX_RANK_CHILD"  # set in the child: it trains instead of supervising
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # The runtime's first line once the coordination service fails: a glog warning, error or fatal
-# line naming it (which of its threads speaks first varies from run to run).
-_SERVICE_ERROR = re.compile(rb"^[WEF]\d{4} .*coordination.?service", re.IGNORECASE)
+# line naming it (which of its threads speaks first varies from run to run; a heartbeat that
+# times out goes straight to the fatal "JAX distributed service detected fatal errors").
+_SERVICE_ERROR = re.compile(rb"^[WEF]\d{4} .*(coordination.?service|distributed service)", re.I)
 # The coordinator cannot be reached: process 0 died, or this host lost the network.
 _COORDINATOR_GONE = (b"Failed to send RPC to coordination service", b"leader task")
+# The coordinator is there but does not answer this process's heartbeats: process 0 stalled.
+_COORDINATOR_SILENT = re.compile(rb"DEADLINE_EXCEEDED(.|\n)*?CoordinationService/Heartbeat")
 _STATUS = re.compile(rb"absl::Status: ([^.\n]*)")
 
 
@@ -66,9 +69,11 @@ def _die_with_parent() -> None:
 
 def what_ended(held: bytes, num_processes: int | None) -> str:
     """What the runtime's held-back fatal output says happened, in a few words."""
+    of = f" of {num_processes}" if num_processes else ""
     if any(marker in held for marker in _COORDINATOR_GONE):
-        of = f" of {num_processes}" if num_processes else ""
         return f"process 0{of} (the jax.distributed coordinator) disappeared"
+    if _COORDINATOR_SILENT.search(held):
+        return f"process 0{of} (the jax.distributed coordinator) stopped answering heartbeats"
     status = _STATUS.search(held)
     detail = status.group(1).decode(errors="replace").strip() if status else "a fatal error"
     return f"jax.distributed's coordination service ended this process: {detail[:160]}"

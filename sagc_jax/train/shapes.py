@@ -55,6 +55,7 @@ def check_batch_shapes(
     into equal row shards and the processes into equal shares of whole groups."""
     t = cfg.train
     parts = t.minibatches * t.microbatches
+    size_key = "train.rollout_budget" if t.batch_mode == "budget" else "train.prompts_per_step"
     if batch_shards % processes:
         raise ConfigError(
             f"mesh.data x mesh.fsdp = {batch_shards} batch shards is not a multiple of the "
@@ -86,7 +87,7 @@ def check_batch_shapes(
                 f"at G = {g} a step has {prompts * g} rollouts, {prompts * g // parts} per "
                 f"microbatch, which the {batch_shards} batch shards of the mesh (mesh.data x "
                 f"mesh.fsdp) do not divide; change train.minibatches / train.microbatches or "
-                f"the batch size"
+                f"{size_key}"
             )
         if prompts % processes:
             raise ConfigError(
@@ -100,7 +101,7 @@ def check_batch_shapes(
                 raise ConfigError(
                     f"at G = {g} a tail step starts {started} prompts ({started * g} rollouts), "
                     f"which the {batch_shards} batch shards of the mesh do not divide; change "
-                    f"tail_batching.extra or the batch size"
+                    f"tail_batching.extra or {size_key}"
                 )
 
 

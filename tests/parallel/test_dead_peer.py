@@ -137,6 +137,45 @@ def test_the_watch_handles_a_lost_service_and_names_what_it_cannot_handle(capsys
     )
 
 
+class _HangingStore(_Store):
+    """A store whose calls block, neither answering nor failing, once ``hang`` is set (the
+    service of a stopped process 0)."""
+
+    def __init__(self):
+        super().__init__()
+        self.hang = threading.Event()
+        self.never = threading.Event()
+
+    def key_value_set(self, key, value, allow_overwrite=False):
+        if self.hang.is_set():
+            self.never.wait()
+        super().key_value_set(key, value, allow_overwrite)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_the_watch_ends_this_process_when_the_coordinator_hangs(monkeypatch, capsys):
+    exits = []
+
+    def exit_(code):
+        exits.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr(os, "_exit", exit_)
+    store = _HangingStore()
+    watch = PeerWatch(store, 1, 3, 1.0, lambda what: f"train: {what}; saved").start()
+    store.hang.set()  # the beat thread's next call never returns: the guard speaks
+    watch._guard.join(timeout=10)
+    assert exits == [EXIT_PEER_LOST]
+    assert capsys.readouterr().err == (
+        "train: process 0 of 3 (the jax.distributed coordinator) stopped answering (1 s, "
+        "--peer-timeout); saved\n"
+    )
+    assert store.values == {"sagc_jax/peer/1": "0"}  # no end mark tried: it would hang too
+    watch._stop.set()
+    store.never.set()
+    watch._thread.join(timeout=10)
+
+
 # ---------------------------------------------------------------------- two real processes
 
 
@@ -247,6 +286,18 @@ def test_the_supervisor_passes_output_through_and_replaces_only_the_runtimes_abo
     assert code == EXIT_PEER_LOST
     assert out.err == (
         "train: jax.distributed's coordination service ended this process: INTERNAL: boom; saved\n"
+    )
+    # process 0 stalled: this process's heartbeat times out and the runtime aborts at once
+    stalled = (
+        "F1203 15:07:08.1 15266 client.h:80] Terminating process because the JAX distributed "
+        "service detected fatal errors. absl::Status: DEADLINE_EXCEEDED: Deadline Exceeded\\n\\n"
+        "RPC: /xla.coordination.CoordinationService/Heartbeat\\n*** Check failure stack trace\\n"
+    )
+    code, out = _supervised(f"import os, sys; sys.stderr.write('{stalled}'); os.abort()", capfd)
+    assert code == EXIT_PEER_LOST
+    assert out.err == (
+        "train: process 0 of 2 (the jax.distributed coordinator) stopped answering heartbeats; "
+        "saved\n"
     )
 
 

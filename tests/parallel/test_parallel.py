@@ -20,7 +20,7 @@ from jax.sharding import AbstractMesh, PartitionSpec
 
 from sagc_jax.config import ConfigError, MeshConfig, load_config
 from sagc_jax.models import axes as ax
-from sagc_jax.parallel import RULES, initialize, mesh_shape
+from sagc_jax.parallel import EXIT_PEER_LOST, RULES, initialize, mesh_shape
 from sagc_jax.train.shapes import check_batch_shapes
 
 WORKER = Path(__file__).parent / "sharded_worker.py"
@@ -203,34 +203,52 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _train(run_dir, steps, processes=1, devices=1, extra=()):
+def _launch(run_dir, steps, processes, extra=(), crash_at=None, crashing=None):
+    """Start ``processes`` processes of one device each (and --peer-timeout 2); process
+    ``crashing`` gets SAGC_JAX_CRASH_AT=``crash_at``. Returns their exit codes and (stdout,
+    stderr), once every process but a stopped one (``...:SIGSTOP``, then killed) has ended."""
     run = [*RUN, *extra, f"train.steps={steps}", f"logging.run_dir={run_dir}"]
-    overrides = [f"--set={o}" for o in run]
-    cmd = [sys.executable, "-m", "sagc_jax", "train", *overrides]
+    cmd = [sys.executable, "-m", "sagc_jax", "train", *[f"--set={o}" for o in run]]
+    port = _free_port()
+    procs = []
+    for i in range(processes):
+        env = _env(1)
+        if crash_at and i == crashing:
+            env["SAGC_JAX_CRASH_AT"] = crash_at
+        flags = [f"--coordinator=localhost:{port}", f"--num-processes={processes}"]
+        flags += [f"--process-id={i}", "--peer-timeout=2"]
+        procs.append(
+            subprocess.Popen(
+                [*cmd, *flags], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+    stalled = procs[crashing] if crash_at and crash_at.endswith("SIGSTOP") else None
+    deadline = time.monotonic() + 600
+    while any(p.poll() is None for p in procs if p is not stalled):
+        assert time.monotonic() < deadline, "the processes did not end"
+        time.sleep(0.5)
+    if stalled is not None:
+        stalled.kill()
+    outs = [p.communicate(timeout=60) for p in procs]
+    return [p.returncode for p in procs], outs
+
+
+def _train(run_dir, steps, processes=1, devices=1, extra=()):
     if processes == 1:
+        run = [*RUN, *extra, f"train.steps={steps}", f"logging.run_dir={run_dir}"]
+        cmd = [sys.executable, "-m", "sagc_jax", "train", *[f"--set={o}" for o in run]]
         out = subprocess.run(cmd, env=_env(devices), capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stderr[-3000:]
         return [out.stdout]
-    port = _free_port()
-    procs = [
-        subprocess.Popen(
-            [
-                *cmd,
-                f"--coordinator=localhost:{port}",
-                f"--num-processes={processes}",
-                f"--process-id={i}",
-            ],
-            env=_env(devices),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(processes)
-    ]
-    outs = [p.communicate(timeout=600) for p in procs]
-    for p, (_, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err[-3000:]
+    codes, outs = _launch(run_dir, steps, processes, extra)
+    for code, (_, err) in zip(codes, outs, strict=True):
+        assert code == 0, err[-3000:]
     return [out for out, _ in outs]
+
+
+def _metrics(run_dir):
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
 
 
 def _params(run_dir, step):
@@ -244,8 +262,7 @@ def _params(run_dir, step):
 
 
 def _group_sizes(run_dir):
-    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
-    return [r["group_size"] for r in map(json.loads, lines) if "group_size" in r]
+    return [r["group_size"] for r in _metrics(run_dir) if "group_size" in r]
 
 
 @pytest.mark.slow
@@ -316,10 +333,9 @@ def test_a_signal_to_one_process_stops_all_at_the_same_step(tmp_path):
 
 
 def _tail_records(run_dir):
-    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
     return [
         {k: v for k, v in r.items() if k.startswith("tail/") or k == "group_size"}
-        for r in map(json.loads, lines)
+        for r in _metrics(run_dir)
         if "group_size" in r
     ]
 
@@ -339,3 +355,57 @@ def test_two_processes_agree_on_tail_batching_and_resume_with_prompts_waiting(tm
     assert [r["tail/long_round"] for r in records] == [0, 0, 1]
     assert records[1]["tail/queue"] == 4 and records[0]["tail/prompts_started"] == 6
     chex.assert_trees_all_equal(_params(resumed, 3), _params(straight, 3))
+
+
+# ---------------------------------------------------------------------- three and four processes
+
+
+def _lost_lines(run_dir, err, what):
+    line = (
+        f"train: {what}; the last checkpoint is step 2 in {run_dir}/checkpoints; run the same "
+        "command on every process to resume"
+    )
+    return [x for x in err.splitlines() if x.strip()] == [line]
+
+
+@pytest.mark.slow
+def test_three_processes_outlive_a_middle_rank_resume_and_train_like_one(tmp_path):
+    """Three processes share 3 prompts a step and split the 4 held-out prompts unevenly (the
+    evaluation pads them to 6); 4 prompts a step cannot be shared and are refused in one line.
+    Process 1 dies in step 3: processes 0 and 2 stop with the one line, the rerun resumes from
+    step 2 and ends where one process ends."""
+    three = ("train.prompts_per_step=3", "train.async_checkpoint=false")
+    one, run_dir = tmp_path / "one", tmp_path / "three"
+    codes, outs = _launch(tmp_path / "refused", 4, 3)  # RUN's 4 prompts a step
+    assert codes == [2, 2, 2]
+    assert outs[2][1].strip() == (
+        "error: at G = 2 a step has 8 rollouts, 8 per microbatch, which the 3 batch shards of "
+        "the mesh (mesh.data x mesh.fsdp) do not divide; change train.minibatches / "
+        "train.microbatches or train.prompts_per_step"
+    )
+    codes, outs = _launch(run_dir, 4, 3, three, crash_at="rollout:3", crashing=1)
+    assert codes == [EXIT_PEER_LOST, -signal.SIGKILL, EXIT_PEER_LOST], outs[0][1][-3000:]
+    what = "process 1 of 3 stopped responding (no heartbeat for 2 s, --peer-timeout)"
+    assert _lost_lines(run_dir, outs[0][1], what) and _lost_lines(run_dir, outs[2][1], what)
+
+    outs = _train(run_dir, steps=4, processes=3, extra=three)
+    assert f"resuming {run_dir} from step 2" in outs[0]
+    _train(one, steps=4, devices=3, extra=three)
+    assert _group_sizes(run_dir) == _group_sizes(one)
+    evals = [[r[k] for k in sorted(r) if k.startswith("eval/")] for r in _metrics(one)]
+    assert [[r[k] for k in sorted(r) if k.startswith("eval/")] for r in _metrics(run_dir)] == evals
+    chex.assert_trees_all_close(_params(run_dir, 4), _params(one, 4), rtol=1e-7, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_stalled_coordinator_of_four_processes_ends_the_others_with_one_line(tmp_path):
+    """Process 0 stops (SIGSTOP) in step 3: its coordination service neither answers nor fails,
+    so the others' calls to it hang; each of them still ends within --peer-timeout with the one
+    line (not the runtime's heartbeat abort, a C++ stack dump)."""
+    run_dir = tmp_path / "run"
+    extra = ("train.async_checkpoint=false",)
+    codes, outs = _launch(run_dir, 4, 4, extra, crash_at="rollout:3:SIGSTOP", crashing=0)
+    assert codes[1:] == [EXIT_PEER_LOST] * 3, outs[1][1][-3000:]
+    what = "process 0 of 4 (the jax.distributed coordinator) stopped answering (2 s, "
+    what += "--peer-timeout)"
+    assert all(_lost_lines(run_dir, err, what) for _, err in outs[1:]), outs[1][1][-3000:]
