@@ -44,6 +44,12 @@ file, ``run.lock`` or step without a verifying integrity record may remain (step
 ``checkpoints-rejected/`` are kept there by design and counted). The first failure ends the
 soak.
 
+Export: with one process, each completed run is then exported (``sagc-jax export RUN OUT``)
+and the export is signalled at a uniform delay up to 1.2 x the reference export's duration, up
+to ``--kills-per-export`` times (the ``export`` stage), then run to completion. After every
+start OUT must be absent or whole (the same file digests as the reference run's export), and at
+the end whole, with no ``OUT.export-tmp`` left beside it.
+
 Prints one line: kills by signal and stage, restarts, most steps lost by one kill, runs
 checked, the verdict; exit code 1 on FAIL.
 
@@ -57,6 +63,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -169,6 +176,16 @@ def leftovers(run_dir: Path) -> list[str]:
     finally:
         store.close()
     return found
+
+
+def tree_digest(path: Path) -> str:
+    """Hash of every file under ``path`` (names and bytes)."""
+    h = hashlib.sha256()
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            h.update(str(p.relative_to(path)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()
 
 
 def final_state(run_dir: Path, step: int) -> tuple[dict, dict]:
@@ -480,6 +497,7 @@ class Soak:
         self.lost: list[int] = []
         self.unverified = 0
         self.rejected = 0
+        self.export_s, self.export_digest = 0.0, ""
         self.checked = 0
         self.timing = Timing()
         self.live: Start | None = None  # the latest start: stopped if the soak itself ends
@@ -526,7 +544,66 @@ class Soak:
             raise Failure(f"the reference run logged steps {logged}")
         if found := leftovers(run_dir):
             raise Failure(f"the reference run left behind {', '.join(found[:5])}")
+        if self.args.processes == 1:
+            out = self.work / "reference-export"
+            shutil.rmtree(out, ignore_errors=True)
+            began = time.monotonic()
+            code, err = self.export(run_dir, out, None, "reference-export")
+            self.export_s = time.monotonic() - began
+            if code != 0:
+                raise Failure(f"the reference export ended with {code}: {_tail(err)}")
+            self.export_digest = tree_digest(out)
         return final_state(run_dir, self.args.steps)
+
+    def export(self, run_dir: Path, out: Path, delay: float | None, tag: str) -> tuple[int, str]:
+        """Run ``sagc-jax export run_dir out``, signalled after ``delay`` seconds (None: never);
+        (exit code, stderr)."""
+        cmd = [sys.executable, "-m", "sagc_jax", "export", str(run_dir), str(out)]
+        env = dict(
+            os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS="--xla_force_host_platform_device_count=1"
+        )
+        with open(self.work / "logs" / f"{tag}.err", "w+") as err:
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+            if delay is not None:
+                try:
+                    proc.wait(delay)
+                except subprocess.TimeoutExpired:
+                    sig = self.rng.choice(SIGNALS)
+                    proc.send_signal(sig)
+                    self.kills.append(Kill(signal.Signals(sig).name, "export", "export"))
+            code = proc.wait(self.args.start_timeout)
+            err.seek(0)
+            return code, err.read()
+
+    def killed_export(self, run_dir: Path, number: int) -> None:
+        """Export ``run_dir`` under kills, then to completion; OUT whole or absent throughout."""
+        out = self.work / f"export-{number:03d}"
+        shutil.rmtree(out, ignore_errors=True)
+        for attempt in range(self.args.kills_per_export + 1):
+            if out.exists():
+                break  # a signal that came after the rename: checked below
+            killing = attempt < self.args.kills_per_export and time.monotonic() < self.deadline
+            delay = self.rng.uniform(0, 1.2 * self.export_s) if killing else None
+            kills = len(self.kills)
+            code, err = self.export(run_dir, out, delay, f"export-{number:03d}-{attempt:03d}")
+            if "Traceback (most recent call last)" in err:
+                raise Failure(f"{out}: the export printed a traceback: {_tail(err)}")
+            if len(self.kills) > kills:
+                n = getattr(signal, self.kills[-1].signal).value
+                allowed = {0, -n} if n == signal.SIGKILL else {0, -n, 128 + n}
+            else:
+                allowed = {0}
+            if code not in allowed:
+                raise Failure(f"{out}: the export ended with {code}: {_tail(err)}")
+            if out.exists() and tree_digest(out) != self.export_digest:
+                raise Failure(f"{out}: exists but differs from the reference export (torn?)")
+        if not out.exists():  # every start was signalled: once more, to completion
+            code, err = self.export(run_dir, out, None, f"export-{number:03d}-final")
+            if code != 0 or tree_digest(out) != self.export_digest:
+                raise Failure(f"{out}: the last export ended with {code}: {_tail(err)}")
+        if (staging := out.with_name(out.name + ".export-tmp")).exists():
+            raise Failure(f"{staging} was left behind")
+        shutil.rmtree(out)
 
     def killed_run(self, number: int, reference: tuple[dict, dict]) -> None:
         run_dir = self.work / f"run-{number:03d}"
@@ -565,6 +642,8 @@ class Soak:
             kills_here += 1
             previous = kill
         self.rejected += check_completed(run_dir, reference, self.args.steps)
+        if self.args.processes == 1:
+            self.killed_export(run_dir, number)
         self.checked += 1
         if not self.args.keep_runs:
             shutil.rmtree(run_dir)
@@ -650,6 +729,7 @@ def main() -> int:
     parser.add_argument("--processes", type=int, choices=(1, 2), default=1)
     parser.add_argument("--tiny", action="store_true", help="tests' tiny run (a self-check)")
     parser.add_argument("--kills-per-run", type=int, default=8, help="then it may complete")
+    parser.add_argument("--kills-per-export", type=int, default=2, help="1 process only")
     parser.add_argument("--start-timeout", type=float, default=1800.0, help="a start that hangs")
     parser.add_argument("--seed", type=int, default=0, help="seed of the kills (not the run)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")

@@ -426,8 +426,9 @@ class CheckpointStore:
             for step in steps:
                 if legacy:
                     report(
-                        f"checkpoint step {step}: no integrity record (an older sagc-jax wrote "
-                        f"it); restoring it unverified"
+                        f"checkpoint step {step}: no integrity record (the run stopped before "
+                        f"sealing its first checkpoint, or an older sagc-jax wrote it); restoring "
+                        f"it unverified"
                     )
                     best = step
                     break
@@ -474,6 +475,11 @@ class CheckpointStore:
             if not all(all_finite(tree) for tree in items.values()):
                 self._reject(step, "holds non-finite values", report)
                 continue
+            if self.keep is not None and not (self.directory / str(step) / INTEGRITY_FILE).exists():
+                # restored unverified, and it loads: sealed now, so that it is not left behind
+                # unsealed (nor restored unverified again) once the run goes on
+                self._unsealed.append(step)
+                self._seal()
             return step, items, meta
         return None
 

@@ -207,3 +207,13 @@ def test_checkpoints_of_an_older_version_without_records_restore_unverified(tmp_
     assert step == 2 and np.all(items["params"]["w"] == 2)
     assert "restoring it unverified" in said[0]
     store.close()
+    assert not (tmp_path / "ckpt" / "2" / INTEGRITY_FILE).exists()  # a reader writes nothing
+    # the run's own store (a writer) seals the step it restored: a run killed before sealing
+    # its first checkpoint leaves no unsealed step behind once it goes on
+    store = CheckpointStore(tmp_path / "ckpt", keep=3, async_save=False)
+    said = []
+    step, _, _ = store.restore_newest({"params": {"w": np.ones(3, np.float32)}}, report=said.append)
+    assert step == 2 and "restoring it unverified" in said[0]
+    assert store.verify(2) is None and not (tmp_path / "ckpt" / "1" / INTEGRITY_FILE).exists()
+    assert store.newest_verified_step(report=said.append) == 2 and len(said) == 1
+    store.close()
