@@ -9,7 +9,9 @@ writes just the PEFT layout into OUT, for a run over ``model.hf_checkpoint``.
 
 An export is whole or absent: everything is written into the sibling OUT.export-tmp, renamed to
 OUT at the end. One left by an export that was killed is removed (and said) by the next; a full
-disk is one line, with nothing left at OUT.
+disk or a read-only OUT is one line, with nothing left at OUT. A checkpoint that the run's trainer
+deletes while it is read (rotating out old steps) is said in one line and the newest that still
+verifies exported instead, under its own step.
 """
 
 from __future__ import annotations
@@ -79,16 +81,46 @@ def newest_checkpoint(run: Path, unfinished_ok: bool = False) -> RunCheckpoint:
         cfg = from_dict(meta["config"])
     except ConfigError as err:
         raise ConfigError(f"{run}: its saved config no longer loads ({err})") from None
+    ckpt = RunCheckpoint(run, step, cfg, meta)
+    _check_finished(ckpt, unfinished_ok)
+    return ckpt
+
+
+def _check_finished(ckpt: RunCheckpoint, unfinished_ok: bool) -> None:
+    """ConfigError (unless ``unfinished_ok``) when ``ckpt`` is before the run's last step."""
+    cfg, meta = ckpt.cfg, ckpt.meta
     if "finished" in meta:  # an sft run
         finished, last = meta["finished"], f"sft.steps = {cfg.sft.steps}"
     else:
-        finished, last = step >= cfg.train.steps, f"train.steps = {cfg.train.steps}"
+        finished, last = ckpt.step >= cfg.train.steps, f"train.steps = {cfg.train.steps}"
     if not finished and not unfinished_ok:
         raise ConfigError(
-            f"{run}: its newest checkpoint is step {step}, before {last} (running, or stopped); "
-            f"--unfinished exports it anyway"
+            f"{ckpt.run}: its newest checkpoint is step {ckpt.step}, before {last} (running, or "
+            f"stopped); --unfinished exports it anyway"
         )
-    return RunCheckpoint(run, step, cfg, meta)
+
+
+def _restore(ckpt: RunCheckpoint, targets: dict, unfinished_ok: bool) -> tuple[RunCheckpoint, dict]:
+    """(checkpoint, the items ``targets`` names) of the newest verified checkpoint of
+    ``ckpt.run`` that can be read: ``ckpt``, or when another process (the run's trainer
+    rotating out old steps) deleted it while it was read, the newest that still verifies, said
+    in one line (``CheckpointStore.restore_newest``)."""
+
+    def check(meta: dict) -> None:
+        _check_finished(dataclasses.replace(ckpt, step=meta["step"], meta=meta), unfinished_ok)
+
+    store = CheckpointStore(ckpt.run / "checkpoints")
+    try:
+        restored = store.restore_newest(targets, check_meta=check)
+    finally:
+        store.close()
+    if restored is None:
+        raise ConfigError(
+            f"{ckpt.run / 'checkpoints'}: no complete checkpoint left to read (deleted while they "
+            f"were read)"
+        )
+    step, items, meta = restored
+    return dataclasses.replace(ckpt, step=step, meta=meta), items
 
 
 def _architecture(cfg: Config, tokenizer) -> DecoderConfig:
@@ -140,25 +172,32 @@ def export_run(
     source = None if isinstance(tokenizer, CharTokenizer) else m.tokenizer or m.hf_checkpoint
     arch = _architecture(cfg, tokenizer)
     if not m.lora_rank:
-        params = load_run_params(run, _abstract(arch), unfinished_ok=True)
+        ckpt, items = _restore(ckpt, {"params": _abstract(arch)}, unfinished_ok)
         with _staged(out, report) as into:
-            save_hf_params(_flat(params), arch, str(into))
+            save_hf_params(_flat(items["params"]), arch, str(into))
             note = _tokenizer_note(_copy_tokenizer(source, into))
         report(f"export {run} step {ckpt.step} (full fine-tuning): {out} ({note})")
         return
-    _export_lora(ckpt, arch, tokenizer, source, out, adapters_only, report)
+    _export_lora(ckpt, arch, tokenizer, source, out, adapters_only, unfinished_ok, report)
 
 
 @contextlib.contextmanager
 def _staged(out: Path, report) -> Iterator[Path]:
     """The folder to write ``out`` into: its sibling ``out.export-tmp``, renamed to ``out``
-    when the block ends, removed when it raises. A full disk becomes one ConfigError line."""
+    when the block ends, removed when it raises. A full disk or a folder that cannot be written
+    becomes one ConfigError line."""
     staging = out.with_name(out.name + STAGING_SUFFIX)
-    if staging.is_dir():
-        shutil.rmtree(staging)
-        report(f"export: removed {staging}, left by an export that did not finish")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging.mkdir()
+    try:
+        if staging.is_dir():
+            shutil.rmtree(staging)
+            report(f"export: removed {staging}, left by an export that did not finish")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging.mkdir()
+    except OSError as err:
+        raise _write_error(err, out) or ConfigError(
+            f"{staging}: cannot be written ({err.strerror}); make {out.parent} writable or "
+            f"choose another OUT"
+        ) from None
     try:
         yield staging
         if out.is_dir():  # an empty directory waiting for it
@@ -166,18 +205,28 @@ def _staged(out: Path, report) -> Iterator[Path]:
         os.rename(staging, out)
     except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
-        code = space_errno(err) if isinstance(err, Exception) else None
-        if code is not None:
-            what = "disk quota exceeded" if code == errno.EDQUOT else "no space left"
-            raise ConfigError(
-                f"{what} on {out.parent} (the disk mounted at "
-                f"{mount_point(out.parent)}) while exporting to {out}: nothing was written "
-                f"there; free space, then run the same command"
-            ) from None
+        line = _write_error(err, out) if isinstance(err, Exception) else None
+        if line is not None:
+            raise line from None
         raise
 
 
-def _export_lora(ckpt, arch, tokenizer, source, out: Path, adapters_only: bool, report) -> None:
+def _write_error(err: Exception, out: Path) -> ConfigError | None:
+    """A write of the export to ``out`` that failed for lack of space as one line; None for
+    any other error."""
+    code = space_errno(err)
+    if code is None:
+        return None
+    what = "disk quota exceeded" if code == errno.EDQUOT else "no space left"
+    return ConfigError(
+        f"{what} on {out.parent} (the disk mounted at {mount_point(out.parent)}) while "
+        f"exporting to {out}: nothing was written there; free space, then run the same command"
+    )
+
+
+def _export_lora(
+    ckpt, arch, tokenizer, source, out: Path, adapters_only: bool, unfinished_ok: bool, report
+) -> None:
     """A LoRA run: merged weights, the adapters in PEFT's layout, and the base when it is not
     a Hugging Face checkpoint already (see the module docstring)."""
     cfg, m = ckpt.cfg, ckpt.cfg.model
@@ -188,7 +237,7 @@ def _export_lora(ckpt, arch, tokenizer, source, out: Path, adapters_only: bool, 
             f"{ckpt.run}: its base ({base}) is not a Hugging Face checkpoint for PEFT to load the "
             f"adapters over; leave out --adapters-only to write the base next to them"
         )
-    params, adapters, adapted = lora_run_weights(ckpt, tokenizer)
+    ckpt, params, adapters, adapted = lora_run_weights(ckpt, tokenizer, unfinished_ok)
     written = []
     with _staged(out, report) as into:  # written into ``into``, named as ``out``
         if not adapters_only:
@@ -208,29 +257,29 @@ def _export_lora(ckpt, arch, tokenizer, source, out: Path, adapters_only: bool, 
     report(f"export {ckpt.run} step {ckpt.step} ({lora}): " + ", ".join(written))
 
 
-def lora_run_weights(ckpt: RunCheckpoint, tokenizer) -> tuple[nnx.State, nnx.State, DecoderConfig]:
-    """(base weights, adapters, adapted architecture) of a LoRA run's checkpoint: the base built
-    as the trainer builds it and checked against the one the adapters were trained over."""
+def lora_run_weights(
+    ckpt: RunCheckpoint, tokenizer, unfinished_ok: bool = True
+) -> tuple[RunCheckpoint, nnx.State, nnx.State, DecoderConfig]:
+    """(the checkpoint read, base weights, adapters, adapted architecture) of a LoRA run's
+    newest checkpoint (``ckpt``, or the newest that still verifies if it is deleted while it is
+    read): the base built as the trainer builds it and checked against the one the adapters
+    were trained over."""
     cfg, m = ckpt.cfg, ckpt.cfg.model
     params = nnx.state(build_model(cfg, tokenizer, seed=cfg.train.seed), nnx.Param)
     if cfg.train.init_checkpoint:
         params = load_run_params(cfg.train.init_checkpoint, params)
-    check_same_base(ckpt.meta.get("base"), base_identity(cfg), ckpt.step)
     adapted = _architecture(cfg, tokenizer).replace(
         lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, lora_targets=m.lora_targets
     )
-    store = CheckpointStore(ckpt.run / "checkpoints")
-    try:
-        adapters = store.restore(ckpt.step, {"params": _abstract(adapted, LoRAParam)})[0]["params"]
-    finally:
-        store.close()
-    return params, adapters, adapted
+    ckpt, items = _restore(ckpt, {"params": _abstract(adapted, LoRAParam)}, unfinished_ok)
+    check_same_base(ckpt.meta.get("base"), base_identity(cfg), ckpt.step)
+    return ckpt, params, items["params"], adapted
 
 
 def merged_run_params(run: Path, tokenizer) -> nnx.State:
     """The weights of the plain model that computes what a LoRA run's newest checkpoint does
     (its adapters merged into its base), for ``sagc-jax eval``."""
-    base, adapters, adapted = lora_run_weights(
+    _, base, adapters, adapted = lora_run_weights(
         newest_checkpoint(run, unfinished_ok=True), tokenizer
     )
     return lora.merge_adapters(adapters, base, lora.scale(adapted))

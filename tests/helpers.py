@@ -1,6 +1,6 @@
 """Shared pieces of the tests: where the repository and tests/ are (for the tests that start
 processes), a tiny run config, a tiny real tokenizer, a controller that cycles through its
-candidates, and the data of the plots a command saves.
+candidates, a full disk under Orbax, and the data of the plots a command saves.
 
 Every test imports it as ``helpers`` (pyproject's ``pythonpath`` puts tests/ on the path)."""
 
@@ -84,6 +84,24 @@ def write_word_tokenizer(path):
             }
         )
     )
+
+
+def enospc_on_step(monkeypatch, step):
+    """Orbax's write of ``meta`` for ``step`` writes half a file, then finds the disk full (it
+    runs in Orbax's commit threads, like the array writes)."""
+    import errno
+
+    from orbax.checkpoint._src.handlers.json_checkpoint_handler import JsonCheckpointHandler
+
+    original = JsonCheckpointHandler._save_fn
+
+    async def save_fn(self, x, directory):
+        if os.path.basename(str(directory.parent)).startswith(f"{step}.orbax-checkpoint-tmp"):
+            (directory / "metadata").write_text('{"step": ')
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory / "metadata"))
+        return await original(self, x, directory)
+
+    monkeypatch.setattr(JsonCheckpointHandler, "_save_fn", save_fn)
 
 
 def sets(overrides):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -71,13 +72,30 @@ def print_summary(title: str, summary: dict, out_dir: Path) -> None:
         for k, v in summary.items()
         if (isinstance(v, int | str) and v != "") or (isinstance(v, float) and math.isfinite(v))
     }
-    (out_dir / "summary.json").write_text(json.dumps(plain, indent=2, allow_nan=False) + "\n")
+    _write_whole(out_dir / "summary.json", json.dumps(plain, indent=2, allow_nan=False) + "\n")
     print(
         f"{title}: "
         + ", ".join(
             f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in plain.items()
         )
     )
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Write ``path`` through a sibling renamed over it: whole or (a full disk: one line, the
+    sibling removed) not at all."""
+    from sagc_jax.train.metrics import full_disk_error
+
+    partial = path.with_name(path.name + ".tmp")
+    try:
+        partial.write_text(text)
+        os.replace(partial, path)
+    except OSError as err:
+        partial.unlink(missing_ok=True)
+        line = full_disk_error(err, path, f"while writing {path.name}: it was not written")
+        if line is None:
+            raise
+        raise line from None
 
 
 def bad_input_errors() -> tuple[type[Exception], ...]:
@@ -87,9 +105,12 @@ def bad_input_errors() -> tuple[type[Exception], ...]:
     errors: tuple[type[Exception], ...] = (ConfigError, UserError, DatasetError, RewardError)
     if "sagc_jax.train.safety.checkpoint" in sys.modules:  # only loaded by commands that read runs
         from sagc_jax.train.safety.checkpoint import CheckpointError
+
+        errors += (CheckpointError,)
+    if "sagc_jax.train.safety.runlock" in sys.modules:  # sft locks its run before loading that
         from sagc_jax.train.safety.runlock import RunDirError
 
-        errors += (CheckpointError, RunDirError)
+        errors += (RunDirError,)
     if "sagc_jax.models" in sys.modules:  # only loaded by commands that build a model
         from sagc_jax.models import CheckpointMismatchError
 

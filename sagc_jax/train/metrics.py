@@ -195,7 +195,7 @@ def _lines_up_to(path: Path, step: int, report) -> list[str]:
 _write = os.write  # the seam the full-disk tests patch
 
 
-def _no_space(err: OSError, path: Path, what: str) -> Exception | None:
+def full_disk_error(err: OSError, path: Path, what: str) -> Exception | None:
     """A write of ``path`` that failed for lack of space as one line for the command line
     (``what``: when, and what became of the log); None for any other error."""
     from sagc_jax.train.safety.checkpoint import mount_point, space_errno
@@ -258,7 +258,7 @@ class MetricsWriter:
             what = (
                 f"while trimming {self.path.name} to step {resume_step} to resume: it is unchanged"
             )
-            if (line := _no_space(err, self.path, what)) is None:
+            if (line := full_disk_error(err, self.path, what)) is None:
                 raise
             raise line from None
 
@@ -271,7 +271,7 @@ class MetricsWriter:
         except OSError as err:
             os.ftruncate(self._fd, start)  # nothing torn: the log ends with its last whole line
             what = f"while logging step {step} to {self.path.name}: the line was not kept"
-            if (line := _no_space(err, self.path, what)) is None:
+            if (line := full_disk_error(err, self.path, what)) is None:
                 raise
             raise line from None
 

@@ -10,7 +10,9 @@ Once a step is complete, process 0 *seals* it: ``integrity.json`` in the step di
 size and SHA-256 of every file. Restoring picks the newest step whose files still match their
 record; a step that does not (truncated, flipped bytes, a file deleted, no record because the
 run died before sealing it) or that cannot be read is reported in one line and moved aside into
-``<checkpoints>-rejected/`` (never deleted), and the next older one is tried. Parameters that
+``<checkpoints>-rejected/`` (never deleted), and the next older one is tried; a step that another
+process deletes while it is read (a trainer rotating out old steps, under ``eval`` or ``export``)
+is said in one line and the newest that still verifies read instead. Parameters that
 are not finite are never written, and rotation deletes a step only once ``keep`` newer ones are
 sealed, so the last good checkpoint always survives.
 
@@ -23,12 +25,14 @@ kept, and the same command resumes from the newest once there is space.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
 import logging
 import os
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -98,6 +102,23 @@ def _quiet_orbax_space_errors() -> None:
     absl_logger = logging.getLogger("absl")  # Orbax logs through absl
     if not any(isinstance(f, _QuietSpaceErrors) for f in absl_logger.filters):
         absl_logger.addFilter(_QuietSpaceErrors())
+    if not getattr(sys.unraisablehook, "drops_closed_loops", False):
+        sys.unraisablehook = _drop_closed_loops(sys.unraisablehook)
+
+
+def _drop_closed_loops(hook):
+    """``hook`` without the "Event loop is closed" errors of Orbax's write tasks: when one write
+    fails, Orbax closes the event loop that awaited it while TensorStore's threads still deliver
+    the results of the others (one traceback each, up to 40 for a tiny run, printed by Python
+    as unraisable); nothing awaits those any more, and the failure itself is reported."""
+
+    def drop(info) -> None:
+        value = info.exc_value
+        if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
+            hook(info)
+
+    drop.drops_closed_loops = True
+    return drop
 
 
 def free_bytes(directory: Path) -> int:
@@ -346,7 +367,10 @@ class CheckpointStore:
         deadline = time.monotonic() + 60
         for thread in threading.enumerate():
             if type(thread).__module__.startswith("orbax.") and thread.is_alive():
-                thread.join(max(deadline - time.monotonic(), 0))
+                # Orbax's threads re-raise their task's error from join(): the same lack of
+                # space, reported by the caller
+                with contextlib.suppress(Exception):
+                    thread.join(max(deadline - time.monotonic(), 0))
         step_dir = self.directory / str(step)
         for _ in range(attempts):
             partial = list(self.directory.glob(f"{step}.orbax-checkpoint-tmp*"))
@@ -387,7 +411,10 @@ class CheckpointStore:
             return "no integrity record (the run stopped before sealing it)"
         except (OSError, ValueError, KeyError, TypeError):
             return f"its {INTEGRITY_FILE} is unreadable"
-        actual = _file_record(step_dir)
+        try:
+            actual = _file_record(step_dir)
+        except FileNotFoundError as err:  # deleted while it was read
+            return f"{Path(err.filename or step_dir).name} is missing"
         for name, (size, digest) in expected.items():
             if name not in actual:
                 return f"{name} is missing"
@@ -436,6 +463,9 @@ class CheckpointStore:
                 if problem is None:
                     best = step
                     break
+                if not (self.directory / str(step)).is_dir():
+                    self._deleted_while_read(step, report)
+                    continue
                 self._reject(step, problem, report)
                 rejected += 1
         best = int(from_leader(np.int64(best)))
@@ -461,12 +491,16 @@ class CheckpointStore:
             try:
                 meta = self.read_meta(step)
             except (OSError, ValueError) as err:
+                if self._changed_while_read(step, report):
+                    continue
                 self._reject(step, f"its meta cannot be read ({_one_line(err)})", report)
                 continue
             check_meta(meta)
             try:
                 items, meta = self.restore(step, targets)
             except Exception as err:  # noqa: BLE001
+                if self._changed_while_read(step, report):
+                    continue
                 # Its files are the ones written, so the model asked for is not the one saved.
                 raise CheckpointError(
                     f"{self.directory / str(step)}: cannot be restored into this model "
@@ -482,6 +516,24 @@ class CheckpointStore:
                 self._seal()
             return step, items, meta
         return None
+
+    def _changed_while_read(self, step: int, report: Callable[[str], None]) -> bool:
+        """Whether step ``step``, verified before the read that failed, is gone or no longer
+        verifies: another process (a trainer rotating out its old steps) deleted it while it
+        was read. Said in one line; the caller tries the newest step that still verifies."""
+        changed = bool(from_leader(np.bool_(is_leader() and self.verify(step) is not None)))
+        if changed:
+            if is_leader():
+                self._deleted_while_read(step, report)
+            self.manager.reload()
+        return changed
+
+    @staticmethod
+    def _deleted_while_read(step: int, report: Callable[[str], None]) -> None:
+        report(
+            f"checkpoint step {step}: deleted while it was read (another process, such as the "
+            f"run's trainer rotating out old steps); trying the newest that verifies"
+        )
 
     def restore(self, step: int, targets: dict[str, Any]) -> tuple[dict[str, Any], dict]:
         """(items named in ``targets``, each shaped like its target; meta) of step ``step``.

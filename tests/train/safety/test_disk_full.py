@@ -20,8 +20,7 @@ import textwrap
 import numpy as np
 import pytest
 from helpers import TINY as TRAIN_TINY
-from helpers import sets
-from orbax.checkpoint._src.handlers.json_checkpoint_handler import JsonCheckpointHandler
+from helpers import enospc_on_step, sets
 
 from sagc_jax.cli import main
 from sagc_jax.train import metrics
@@ -35,19 +34,6 @@ TENSORSTORE_ENOSPC = (
     'checkpoint-tmp/params.orbax-checkpoint-tmp/ocdbt.process_0/": Failed to write 365379 bytes '
     "to file 6: No space left on device [os_error_code='28']"
 )
-
-
-def enospc_on_step(monkeypatch, step):
-    """Orbax's write of ``meta`` for ``step`` writes half a file, then finds the disk full."""
-    original = JsonCheckpointHandler._save_fn
-
-    async def save_fn(self, x, directory):
-        if os.path.basename(str(directory.parent)).startswith(f"{step}.orbax-checkpoint-tmp"):
-            (directory / "metadata").write_text('{"step": ')
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory / "metadata"))
-        return await original(self, x, directory)
-
-    monkeypatch.setattr(JsonCheckpointHandler, "_save_fn", save_fn)
 
 
 def step_dirs(ckpt):
