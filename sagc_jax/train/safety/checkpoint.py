@@ -214,6 +214,7 @@ class CheckpointStore:
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options)
         self._unsealed: list[int] = []
+        self._skipped: set[int] = set()  # a reader's steps that failed (never moved)
         # (step, bytes it needs, whether that is measured) of the write in flight
         self._in_flight: tuple[int, int, bool] | None = None
         self._warned_space = False
@@ -437,7 +438,16 @@ class CheckpointStore:
         return target
 
     def _reject(self, step: int, reason: str, report: Callable[[str], None]) -> None:
-        if is_leader():
+        """Move a step that fails aside; a reader (``keep`` None: eval, export, a report of
+        another run) only skips it: the step may be a live trainer's, written and not yet
+        sealed, or being rotated out, and is not the reader's to move."""
+        if self.keep is None:
+            self._skipped.add(step)
+            if is_leader():
+                report(
+                    f"checkpoint step {step}: {reason}; skipped (left in place), trying older ones"
+                )
+        elif is_leader():
             target = self.set_aside(step, reason)
             report(f"checkpoint step {step}: {reason}; moved aside to {target}, trying older ones")
 
@@ -447,7 +457,7 @@ class CheckpointStore:
         none passed (starting over would overwrite the run's logs)."""
         best, rejected = -1, 0
         if is_leader():
-            steps = sorted(self.manager.all_steps(), reverse=True)
+            steps = sorted(set(self.manager.all_steps()) - self._skipped, reverse=True)
             # a run written before checkpoints were sealed: nothing to verify against
             legacy = not any((self.directory / str(s) / INTEGRITY_FILE).exists() for s in steps)
             for step in steps:
@@ -472,8 +482,13 @@ class CheckpointStore:
         self.manager.reload()
         if best < 0 and int(from_leader(np.int64(rejected))):
             raise CheckpointError(
-                f"{self.directory}: no checkpoint passes verification (all moved aside to "
-                f"{self.rejected_dir}); start a new run directory or restore one by hand"
+                f"{self.directory}: no checkpoint passes verification ("
+                + (
+                    "left in place"
+                    if self.keep is None
+                    else f"all moved aside to {self.rejected_dir}"
+                )
+                + "); start a new run directory or restore one by hand"
             )
         return None if best < 0 else best
 

@@ -217,3 +217,26 @@ def test_checkpoints_of_an_older_version_without_records_restore_unverified(tmp_
     assert store.verify(2) is None and not (tmp_path / "ckpt" / "1" / INTEGRITY_FILE).exists()
     assert store.newest_verified_step(report=said.append) == 2 and len(said) == 1
     store.close()
+
+
+def test_a_reader_skips_a_step_it_cannot_verify_and_leaves_it_in_place(tmp_path):
+    """eval or export beside a live trainer: the trainer's newest step is written and not yet
+    sealed; the reader restores the newest sealed one and moves nothing (the trainer then seals
+    its step as usual)."""
+    store = CheckpointStore(tmp_path / "ckpt", keep=3, async_save=False)
+    for step in (1, 2):
+        store.save(step, {"params": {"w": np.full(3, step, np.float32)}}, {"step": step})
+    store.wait()
+    (tmp_path / "ckpt" / "2" / INTEGRITY_FILE).unlink()  # written, not sealed yet
+    reader, said = CheckpointStore(tmp_path / "ckpt"), []
+    step, items, _ = reader.restore_newest(
+        {"params": {"w": np.ones(3, np.float32)}}, report=said.append
+    )
+    assert step == 1 and np.all(items["params"]["w"] == 1)
+    assert said == [
+        "checkpoint step 2: no integrity record (the run stopped before sealing it); skipped "
+        "(left in place), trying older ones"
+    ]
+    assert store.manager.all_steps() == [1, 2] and not (tmp_path / "ckpt-rejected").exists()
+    reader.close()
+    store.close()
