@@ -126,12 +126,16 @@ def _train(cfg: Config, args: argparse.Namespace, run: dict) -> int:
         raise
     leader = is_leader()
     if trainer.finished:
+        # a run whose summary.json was not written (a full disk at the very end) gets it now
+        summary = trainer.summary() if not (out_dir / "summary.json").exists() else None
         trainer.close()
         if leader:
             print(
                 f"train: {out_dir} is finished (step {trainer.step} of train.steps = "
                 f"{cfg.train.steps}); nothing changed (raise train.steps to train further)"
             )
+            if summary is not None:
+                print_summary("train: wrote its missing summary.json", summary, out_dir)
         return 0
     if leader:
         print(f"train: {trainer.plan.describe()}, {jax.process_count()} process(es)")

@@ -181,6 +181,12 @@ def test_torn_log_line_resume_summary_of_the_whole_run_and_finished_rerun(tmp_pa
     assert main(["train", *sets([*common, "train.steps=4"])]) == 0
     assert "is finished (step 4" in capsys.readouterr().out
     assert tree_digest(run) == digest  # nothing rewritten
+    # a summary.json the end of the run could not write (a full disk) is written by the rerun
+    (run / "summary.json").unlink()
+    assert main(["train", *sets([*common, "train.steps=4"])]) == 0
+    assert "wrote its missing summary.json" in capsys.readouterr().out
+    del summary["steps_run"]  # this segment's steps: the rerun ran none
+    assert json.loads((run / "summary.json").read_text()) == summary
 
 
 def test_a_verified_checkpoint_of_another_model_is_an_error_not_damage(tmp_path):
