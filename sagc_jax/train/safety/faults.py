@@ -9,7 +9,9 @@ Two ways a stop signal (SIGTERM: a TPU preemption notice; SIGINT: Ctrl-C) is han
   ``stop_signals`` (installed by ``sagc_jax.cli.main``) raises :class:`Interrupted` and records
   the signal. A JAX callback may wrap that exception into another one or swallow it; the record
   still tells: ``phase`` turns any exception raised while a signal is pending into
-  ``Interrupted``, and raises it at its end if the signal was swallowed.
+  ``Interrupted``, and raises it at its end if the signal was swallowed. A signal that lands
+  inside an import (start-up imports jax, numpy and their C extensions, which print what an
+  import they make raises) is sent again 50 ms later, until it lands outside one.
 
 ``Interrupted`` knows what was stopped (the innermost ``phase``) and what was saved; the command
 line prints that as one line and exits with 128 + the signal number.
@@ -28,6 +30,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,11 +100,30 @@ def check_stop() -> None:
         raise Interrupted(_received)
 
 
+IMPORT_RETRY_S = 0.05  # a signal that lands in an import is delivered again this much later
+
+
 def _raise_interrupted(signum, frame) -> None:
     global _received
     if _received is None:
         _received = signum
+    if _importing(frame):
+        # A C extension that imports a module prints what that import raises (PyErr_Print: a
+        # traceback) before our one line; the signal is sent again once the import is done.
+        timer = threading.Timer(IMPORT_RETRY_S, os.kill, (os.getpid(), signum))
+        timer.daemon = True
+        timer.start()
+        return
     raise Interrupted(signum)
+
+
+def _importing(frame) -> bool:
+    """Whether ``frame`` runs inside an import (a module's top level, at any depth)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ from sagc_jax.config import load_config
 from sagc_jax.train.hooks import TrainingDiverged
 from sagc_jax.train.loop import Trainer
 from sagc_jax.train.safety.checkpoint import CheckpointStore
-from sagc_jax.train.safety.faults import CRASH_ENV
+from sagc_jax.train.safety.faults import CRASH_ENV, Interrupted, stop_signals
 
 TINY = [*TRAIN_TINY, "logging.tensorboard=false"]
 
@@ -261,3 +261,19 @@ def test_refused_resume_and_missing_paths_leave_files_untouched(tmp_path, capsys
     err = bad_input([*base, "--set", f"train.init_checkpoint={tmp_path / 'nope'}"], capsys)
     assert "nope" in err and "init_checkpoint" in err
     assert tree_digest(run) == digest
+
+
+def test_a_stop_signal_inside_an_import_is_raised_once_the_import_is_done(tmp_path, monkeypatch):
+    """Ctrl-C while start-up imports numpy from a C extension: raised there, the exception was
+    printed as a traceback by the extension (PyErr_Print) before the one line (the soak found
+    it). The signal is delivered again until it lands outside the import."""
+    (tmp_path / "signalled_import.py").write_text(
+        "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(0.3)\n"
+        "DONE = True\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(Interrupted) as stop, stop_signals():
+        import signalled_import  # noqa: F401
+
+        time.sleep(10)  # the signal again, outside the import
+    assert sys.modules["signalled_import"].DONE and stop.value.signum == signal.SIGINT
