@@ -99,9 +99,12 @@ class _QuietSpaceErrors(logging.Filter):
 
 
 def _quiet_orbax_space_errors() -> None:
-    absl_logger = logging.getLogger("absl")  # Orbax logs through absl
-    if not any(isinstance(f, _QuietSpaceErrors) for f in absl_logger.filters):
-        absl_logger.addFilter(_QuietSpaceErrors())
+    # Orbax logs through absl; a write task whose error nobody awaited any more is logged by
+    # asyncio at exit ("Task exception was never retrieved", with its traceback)
+    for name in ("absl", "asyncio"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _QuietSpaceErrors) for f in logger.filters):
+            logger.addFilter(_QuietSpaceErrors())
     if not getattr(sys.unraisablehook, "drops_closed_loops", False):
         sys.unraisablehook = _drop_closed_loops(sys.unraisablehook)
 
