@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import os
 import shutil
 from collections.abc import Iterator
@@ -34,18 +33,14 @@ from sagc_jax.models.hf_lora import save_merged, save_peft_adapters
 from sagc_jax.models.lora import LoRAParam
 from sagc_jax.tasks import CharTokenizer
 from sagc_jax.train.lora_base import base_identity, check_same_base
+from sagc_jax.train.metrics import no_space_on
 from sagc_jax.train.policy import (
     build_model,
     build_tokenizer,
     load_run_params,
     preset_architecture,
 )
-from sagc_jax.train.safety.checkpoint import (
-    CheckpointStore,
-    mount_point,
-    newest_verified_meta,
-    space_errno,
-)
+from sagc_jax.train.safety.checkpoint import CheckpointStore, newest_verified_meta
 
 # What transformers' AutoTokenizer reads from a model directory (those the tokenizer has).
 TOKENIZER_FILES = (
@@ -214,13 +209,11 @@ def _staged(out: Path, report) -> Iterator[Path]:
 def _write_error(err: Exception, out: Path) -> ConfigError | None:
     """A write of the export to ``out`` that failed for lack of space as one line; None for
     any other error."""
-    code = space_errno(err)
-    if code is None:
+    if (where := no_space_on(err, out.parent)) is None:
         return None
-    what = "disk quota exceeded" if code == errno.EDQUOT else "no space left"
     return ConfigError(
-        f"{what} on {out.parent} (the disk mounted at {mount_point(out.parent)}) while "
-        f"exporting to {out}: nothing was written there; free space, then run the same command"
+        f"{where} while exporting to {out}: nothing was written there; free space, then run "
+        f"the same command"
     )
 
 

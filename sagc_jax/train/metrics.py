@@ -195,19 +195,27 @@ def _lines_up_to(path: Path, step: int, report) -> list[str]:
 _write = os.write  # the seam the full-disk tests patch
 
 
-def full_disk_error(err: OSError, path: Path, what: str) -> Exception | None:
-    """A write of ``path`` that failed for lack of space as one line for the command line
-    (``what``: when, and what became of the log); None for any other error."""
+def no_space_on(err: BaseException, directory: Path) -> str | None:
+    """ "no space left on DIR (the disk mounted at MOUNT)" (or "disk quota exceeded on ...")
+    when ``err`` is a lack of space; None for any other error."""
     from sagc_jax.train.safety.checkpoint import mount_point, space_errno
-    from sagc_jax.train.safety.runlock import RunDirError
 
     code = space_errno(err)
     if code is None:
         return None
     why = "disk quota exceeded" if code == errno.EDQUOT else "no space left"
+    return f"{why} on {directory} (the disk mounted at {mount_point(directory)})"
+
+
+def full_disk_error(err: OSError, path: Path, what: str) -> Exception | None:
+    """A write of ``path`` that failed for lack of space as one line for the command line
+    (``what``: when, and what became of the log); None for any other error."""
+    from sagc_jax.train.safety.runlock import RunDirError
+
+    if (where := no_space_on(err, path.parent)) is None:
+        return None
     return RunDirError(
-        f"{why} on {path.parent} (the disk mounted at {mount_point(path.parent)}) {what}; free "
-        f"space, then run the same command to resume from the last checkpoint"
+        f"{where} {what}; free space, then run the same command to resume from the last checkpoint"
     )
 
 
