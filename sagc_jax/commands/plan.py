@@ -158,7 +158,7 @@ def _plan_compile(cfg: Config, args: argparse.Namespace) -> int:
 
         update = compiled_update(compiled)
         flops = None
-        if update is not None:
+        if update is not None and not update.windowed_matmuls:
             what = f"the compiled {update.program.name} ({update.program.shapes})"
             flops = (update.step_flops(len(target.devices)), what)
         step = step_prediction(cfg, args.hardware, len(target.devices), args.mean_new_tokens, flops)

@@ -167,6 +167,7 @@ class Compiled:
     alias: int
     flops: float
     bytes_accessed: float
+    windowed_matmuls: int = 0  # matmuls the partitioner made loops (see windowed_matmuls)
 
     def step_flops(self, devices: int) -> float:
         """FLOPs of one run of the whole program on ``devices`` devices (every loop trip)."""
@@ -452,6 +453,15 @@ def _update_flops(
     return micro * counted / devices, whole / counted
 
 
+def windowed_matmuls(hlo_text: str) -> int:
+    """Loops of a compiled program that are one matmul split by the SPMD partitioner into a
+    window per shard of a gathered (or reduce-scattered) operand ("collective matmuls", which
+    overlap the transfer with the math; TPU's partitioner does this for large FSDP matmuls).
+    The cost analysis counts a loop's body once, so each such matmul counts one window of its
+    FLOPs, not all of them."""
+    return len(re.findall(r"body=%?[\w.-]*windowed_dot_general_body", hlo_text))
+
+
 def compile_all(programs: list[Program], report=print) -> list[Compiled]:
     """Lower and compile each program (one line each through ``report`` as it finishes)."""
     done = []
@@ -471,6 +481,7 @@ def compile_all(programs: list[Program], report=print) -> list[Compiled]:
             mem.alias_size_in_bytes,
             float(cost.get("flops", 0.0)),
             float(cost.get("bytes accessed", 0.0)),
+            windowed_matmuls(compiled.as_text() or ""),
         )
         estimate = "" if p.estimate is None else f" (plan's estimate {p.estimate / GIB:.3g})"
         report(  # the figures as each program finishes: a long compile stopped keeps them
@@ -526,6 +537,14 @@ def format_table(target: Target, compiled: list[Compiled]) -> str:
         "analysis counts a loop's body once (the samplers' decode loop, the update's "
         "microbatch scan), and so does the roofline column (docs/scale-out.md)."
     )
+    windowed = [c for c in compiled if c.windowed_matmuls]
+    if windowed:
+        names = ", ".join(f"{c.program.name} ({c.windowed_matmuls})" for c in windowed)
+        lines.append(
+            f"Matmuls split into a loop of windows by the partitioner (collective matmuls): "
+            f"{names}. The cost analysis counts one window of each, so these programs' compiled "
+            "FLOPs are a fraction of their work; --hardware times the update by the roofline's."
+        )
     return "\n".join(lines)
 
 

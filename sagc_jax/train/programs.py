@@ -71,10 +71,17 @@ def policy_model(graphdef, params, base=None):
 
 def reference_model(graphdef, params, ref_params, base=None):
     """The reference policy of the KL term: ``ref_params``, or (LoRA) the base with the adapters
-    off (zeroed: exactly the base model's outputs, and no second copy of its weights)."""
+    off (zeroed: exactly the base model's outputs, and no second copy of its weights).
+
+    Its forward is never differentiated (the KL term stops its gradient), so it runs without
+    remat: nothing to recompute, and ``nnx.remat`` of a module merged from arrays of the
+    enclosing trace (``ref_params`` are not the gradient's arguments) fails in the backward."""
     if base is None:
-        return nnx.merge(graphdef, ref_params)
-    return nnx.merge(graphdef, jax.tree.map(jnp.zeros_like, params), base)
+        ref = nnx.merge(graphdef, ref_params)
+    else:
+        ref = nnx.merge(graphdef, jax.tree.map(jnp.zeros_like, params), base)
+    ref.config = ref.config.replace(remat="none")
+    return ref
 
 
 def packed_rows_loss(

@@ -10,7 +10,7 @@ from helpers import TINY
 
 from sagc_jax.cli import main
 from sagc_jax.config import ConfigError
-from sagc_jax.train.aot import parse_topology
+from sagc_jax.train.aot import parse_topology, windowed_matmuls
 
 ARGS = ["plan", "--config", "configs/demo.yaml", *(a for kv in TINY for a in ("--set", kv))]
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
@@ -55,6 +55,23 @@ def test_topology_and_cloud_names(name, topology, preset):
 def test_bad_target_names_say_what_is_allowed(name, said):
     with pytest.raises(ConfigError, match=re.escape(said)):
         parse_topology(name)
+
+
+# Two loops as libtpu 0.0.42.1 wrote them for the FSDP update of a Qwen2.5-0.5B on v5p:2x2x4
+# (shapes cut short), and a while loop of the program's own (the microbatch scan).
+_HLO = """
+  %while.10221 = (bf16[1,768,896], u32[]) while(%tuple.29064), condition=%wide.windowed_dot_gen\
+eral_cond_ag.clone, body=%wide.windowed_dot_general_body_ag.clone.sunk, metadata={op_name="dot"}
+  %while.10300 = (bf16[1,768,896], u32[]) while(%tuple.3), condition=%wide.windowed_dot_genera\
+l_cond_rs.168.clone, body=%wide.windowed_dot_general_body_rs.168.clone.sunk
+  %while.2 = (s32[], f32[8]) while(%tuple.1), condition=%region_1.cond, body=%region_2.1087_spmd
+"""
+
+
+def test_matmuls_the_partitioner_split_into_windows_are_counted():
+    # the cost analysis counts a loop body once: these matmuls' FLOPs count one window each
+    assert windowed_matmuls(_HLO) == 2
+    assert windowed_matmuls("%dot.1 = f32[8,8] dot(f32[8,4] %a, f32[4,8] %b)") == 0
 
 
 @pytest.mark.slow
