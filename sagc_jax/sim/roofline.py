@@ -413,7 +413,16 @@ def update_seconds(
     devices: int = 1,
     epochs: int = 1,
     eff=None,
+    reference: bool = False,
 ) -> float:
     """Seconds of the update on ``tokens`` processed tokens whose contexts sum to ``context``
-    (packed rows: the real tokens; padded: rows x width), forward + backward per epoch."""
-    return dense_seconds(3.0 * epochs * costs.forward_flops(tokens, context), hw, devices, eff)
+    (packed rows: the real tokens; padded: rows x width), forward + backward (3 forwards) per
+    epoch, and with ``reference`` (a KL term) the reference policy's forward too."""
+    passes = update_passes(reference)
+    return dense_seconds(passes * epochs * costs.forward_flops(tokens, context), hw, devices, eff)
+
+
+def update_passes(reference: bool) -> float:
+    """Forwards' worth of FLOPs an update does per token: forward + backward (3), and one more
+    for the reference policy's log-probabilities of a KL term."""
+    return 3.0 + (1.0 if reference else 0.0)

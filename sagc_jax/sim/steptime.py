@@ -79,13 +79,15 @@ class StepTimer:
     """Times steps on ``sim.devices`` x ``sim.hardware`` with ``costs`` (the model named
     ``model_name``; None with ``hardware: custom``). ``padded_width``: tokens of a padded update
     row (longest prompt bucket + max_new_tokens); None for packed updates. ``epochs``: update
-    passes over each batch. ``engine``: the sampler's settings (``compacting``)."""
+    passes over each batch. ``reference``: the update also runs the reference policy (a KL term).
+    ``engine``: the sampler's settings (``compacting``)."""
 
     sim: SimConfig
     costs: roofline.ModelCosts | None = None
     model_name: str = ""
     padded_width: int | None = None
     epochs: int = 1
+    reference: bool = False
     engine: Engine = Engine()
 
     def __post_init__(self):
@@ -167,6 +169,7 @@ class StepTimer:
             sim.devices,
             self.epochs,
             eff,
+            self.reference,
         )
         return update
 

@@ -36,7 +36,7 @@ from sagc_jax.models.layers import attention_platform
 from sagc_jax.models.lora import LoRAParam
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.sampling.sampler import Sampler
-from sagc_jax.sim.roofline import HARDWARE, model_costs
+from sagc_jax.sim.roofline import HARDWARE, model_costs, update_passes
 from sagc_jax.train.packing import resolve_pack_len, row_ladder, row_multiple
 from sagc_jax.train.plan import GIB, architecture, memory_plan
 from sagc_jax.train.programs import PolicyPrograms, StateShardings, batch_spec, packed_batch_spec
@@ -441,13 +441,14 @@ def _update_flops(
     cfg: Config, arch, rows: int, width: int, devices: int, counted_once: bool
 ) -> tuple[float, float]:
     """The roofline's update FLOPs per device (forward + backward = 3 forwards of every token,
-    causal attention over the row), counted as the cost analysis counts them (with loop bodies
+    causal attention over the row, and the reference policy's forward with a KL term), counted as the cost analysis counts them (with loop bodies
     counted once: one update of the first microbatch plus the body of the rest), and the
     factor from those to the whole program's."""
     t = cfg.train
     micro_rows = rows // (t.minibatches * t.microbatches)
     tokens = micro_rows * width
-    micro = 3.0 * model_costs(arch).forward_flops(tokens, tokens * (width + 1) / 2)
+    passes = update_passes(cfg.loss.kl_beta > 0)
+    micro = passes * model_costs(arch).forward_flops(tokens, tokens * (width + 1) / 2)
     whole = t.microbatches * t.minibatches * t.epochs
     counted = min(t.microbatches, 2) if counted_once else whole
     return micro * counted / devices, whole / counted

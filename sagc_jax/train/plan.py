@@ -150,6 +150,7 @@ def step_timer(cfg: Config, padded_width: int, max_new_tokens: int | None = None
         name,
         padded_width=None if cfg.train.packing else padded_width,
         epochs=cfg.train.epochs,
+        reference=cfg.loss.kl_beta > 0,
         engine=Engine.of(cfg.sampling, cap),
     )
 
@@ -527,8 +528,12 @@ def step_prediction(
     # the update's tokens: packed rows hold the real tokens, padded rows prompt + cap each
     width = prompt + (int(lengths.mean()) if cfg.train.packing else cap)
     tokens, context = rows * width, rows * width * (width + 1) / 2
-    update = update_seconds(costs, hw, tokens, context, num_devices, cfg.train.epochs, eff)
+    update = update_seconds(
+        costs, hw, tokens, context, num_devices, cfg.train.epochs, eff, cfg.loss.kl_beta > 0
+    )
     flops_source = "forward + backward of the step's tokens by the roofline"
+    if cfg.loss.kl_beta > 0:
+        flops_source += ", and the reference policy's forward (KL)"
     if update_flops is not None:
         update = dense_seconds(update_flops[0], hw, num_devices, eff)
         flops_source = f"{update_flops[0] / 1e12:.3g} TFLOPs of {update_flops[1]}"

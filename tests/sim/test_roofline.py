@@ -204,6 +204,9 @@ def test_update_is_timed_on_the_tokens_it_processes():
     # forward + backward = 3 x (2 x 1e9 x tokens + 1e4 x context) at 25 TFLOP/s, per epoch
     seconds = update_seconds(COSTS, HW, tokens=1000, context=500_500, epochs=2, eff=EFF)
     assert seconds == pytest.approx(2 * 3 * (2e9 * 1000 + 1e4 * 500_500) / 25e12)
+    # a KL term's reference policy: one more forward of every token
+    kl = update_seconds(COSTS, HW, tokens=1000, context=500_500, epochs=2, eff=EFF, reference=True)
+    assert kl == pytest.approx(seconds * 4 / 3)
     cfg = load_config(PAPER / "llama-3.2-3b-dapo-gpu80.yaml")
     packed = step_prediction(cfg, "h100", 8, mean_new_tokens=100)
     padded = step_prediction(

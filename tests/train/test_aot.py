@@ -95,6 +95,14 @@ def test_compile_for_cpu_prints_every_program_beside_the_formula(capsys):
     assert re.search(r"update: .*; [0-9.e-]+ TFLOPs of the compiled update G=4 \(8 packed", out)
 
 
+def test_a_kl_update_with_remat_compiles_and_its_reference_forward_is_counted(capsys):
+    # the paper's GRPO configs: a KL term (one more forward, of the reference policy) and remat
+    kl = ["--set", "loss.kl_beta=0.01", "--set", "model.remat=dots"]
+    assert main([*ARGS, *kl, "--compile", "cpu", "--programs", "update"]) == 0
+    for name, row in _rows(capsys.readouterr().out).items():
+        assert 0.8 < float(row["compiler / roofline"]) < 1.2, name
+
+
 def test_compile_names_the_program_that_does_not_fit(capsys):
     # the update of G=4 holds twice the activations of G=2's: a budget between the two
     args = [*ARGS, "--compile", "cpu", "--programs", "update", "--device-memory", "0.01"]
