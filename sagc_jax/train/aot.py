@@ -441,9 +441,9 @@ def _update_flops(
     cfg: Config, arch, rows: int, width: int, devices: int, counted_once: bool
 ) -> tuple[float, float]:
     """The roofline's update FLOPs per device (forward + backward = 3 forwards of every token,
-    causal attention over the row, and the reference policy's forward with a KL term), counted as the cost analysis counts them (with loop bodies
-    counted once: one update of the first microbatch plus the body of the rest), and the
-    factor from those to the whole program's."""
+    causal attention over the row, and the reference policy's forward with a KL term), counted
+    as the cost analysis counts them (with loop bodies counted once: one update of the first
+    microbatch plus the body of the rest), and the factor from those to the whole program's."""
     t = cfg.train
     micro_rows = rows // (t.minibatches * t.microbatches)
     tokens = micro_rows * width
