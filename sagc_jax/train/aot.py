@@ -484,6 +484,8 @@ def compile_all(programs: list[Program], report=print) -> list[Compiled]:
             float(cost.get("bytes accessed", 0.0)),
             windowed_matmuls(compiled.as_text() or ""),
         )
+        del compiled
+        jax.clear_caches()  # the traced and lowered programs: a 3B one holds GBs of host memory
         estimate = "" if p.estimate is None else f" (plan's estimate {p.estimate / GIB:.3g})"
         report(  # the figures as each program finishes: a long compile stopped keeps them
             f"compiled {p.name} ({p.shapes}) in {seconds:.1f} s: peak {c.peak / GIB:.3g} GiB "
