@@ -250,15 +250,24 @@ def make_source(
     rounds = cfg.loss.max_sampling_rounds if cfg.loss.dynamic_sampling else 1
     if cfg.data.task == "synthetic":
         return SyntheticSource(cfg, rounds, shard_index, num_shards, log)
+    if cfg.data.task == "reasoning_gym":
+        from sagc_jax.tasks.reasoning_gym import ReasoningGymSource
+
+        return ReasoningGymSource(cfg, tokenizer, rounds, shard_index, num_shards, log)
     return DatasetSource(cfg, tokenizer, rounds, shard_index, num_shards, log)
 
 
 def data_identity(cfg: Config) -> dict[str, dict]:
     """What a checkpoint records of the data files (``data.path``, ``data.eval_path``): per key,
     the path, its size and the sha256 of its contents. The synthetic task has none (its
-    parameters are in the config, which a resume compares)."""
+    parameters are in the config, which a resume compares); a reasoning-gym task's is its
+    dataset name, keyword arguments, sizes, seeds and reasoning-gym version."""
     if cfg.data.task == "synthetic":
         return {}
+    if cfg.data.task == "reasoning_gym":
+        from sagc_jax.tasks.reasoning_gym import data_identity as reasoning_gym_identity
+
+        return reasoning_gym_identity(cfg)
     identity = {}
     for key in ("path", "eval_path"):
         path = getattr(cfg.data, key)
