@@ -124,18 +124,9 @@ def test_entries_that_survive_json_are_carried_whole():
     assert json.loads(answer) == {"rg": "chain_sum", "config": {}, "entry": entry}
     tupled = {**entry, "metadata": {"x": (1, 2)}}  # a tuple comes back a list: re-created
     key = json.loads(_answer("chain_sum", {}, 0, 10, 4, tupled))
-    assert key == {
-        "rg": "chain_sum",
-        "config": {},
-        "seed": 0,
-        "size": 10,
-        "index": 4,
-        "answer": "5",
-    }
-    assert (
-        score(["What is 2 + 3?"] * 2, ["<answer>5</answer>", "<answer>6</answer>"], [answer] * 2)[0]
-        == 1.0
-    )
+    assert key == dict(rg="chain_sum", config={}, seed=0, size=10, index=4, answer="5")
+    completions = ["<answer>5</answer>", "<answer>6</answer>"]
+    assert score(["What is 2 + 3?"] * 2, completions, [answer] * 2) == [1.0, 0.0]
     # a re-created entry whose question is not the prompt's: the reward fails (not a silent 0)
     with pytest.raises(ValueError, match="another question than the prompt"):
         score(["not the question"], ["<answer>5</answer>"], [json.dumps(key)])
