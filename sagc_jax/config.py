@@ -226,6 +226,12 @@ class LossConfig(Section):
     mask_truncated: bool = option(False, help="drop truncated completions from the loss")
     dynamic_sampling: bool = option(False, help="DAPO: refill groups whose rewards are all equal")
     max_sampling_rounds: int = option(3, ge=1, help="rollout rounds per step with dynamic sampling")
+    logprob_chunk: int = option(
+        1024,
+        ge=0,
+        help="tokens whose float32 [tokens, vocab] logits the update computes at once (the "
+        "backward recomputes each chunk's); 0: a whole microbatch's at once",
+    )
 
 
 HYBRID_MODES = ("step", "per_prompt")
@@ -480,6 +486,13 @@ class TrainConfig(Section):
         help="abort after this many steps in a row with a non-finite loss or gradient",
         resumable=True,
     )
+    skip_no_signal: bool = option(
+        True,
+        help="skip the update of a step without learning signal (every advantage 0 and "
+        "loss.kl_beta = 0: its loss and gradient are exactly 0), counted in update/no_signal; "
+        "false runs it anyway (Adam's momentum and weight decay then still move the weights)",
+        resumable=True,
+    )
     spike_factor: float = option(
         10.0,
         ge=0.0,
@@ -571,13 +584,18 @@ class DataConfig(Section):
     _warm_start = True
     task: str = option(
         "synthetic",
-        choices=("synthetic", "dataset"),
-        help="synthetic: the built-in running-sum task; dataset: data.path with your own rows",
+        choices=("synthetic", "dataset", "reasoning_gym"),
+        help="synthetic: the built-in running-sum task; dataset: data.path with your own rows; "
+        "reasoning_gym: a reasoning-gym dataset (data.rg_dataset; pip install 'sagc-jax[rg]')",
         params=True,
     )
     path: str | None = option(None, help="JSONL or Parquet of {prompt, answer} (task: dataset)")
     eval_path: str | None = option(None, help="held-out file (task: dataset)")
-    reward: str = option("auto", help="'auto', 'synthetic', 'math' or 'module:function'")
+    reward: str = option(
+        "auto",
+        help="'auto' (the task's own: synthetic, math for a dataset, the dataset's score_answer "
+        "for reasoning_gym), 'synthetic', 'math' or 'module:function'",
+    )
     reward_on_error: str = option(
         "raise",
         choices=("raise", "zero"),
@@ -644,7 +662,38 @@ class DataConfig(Section):
         "drawn from a fixed pool of N, revisited every epoch in a new order (prompt id = pool "
         "index), as a dataset is; the hybrid controller learns per prompt from the revisits",
     )
-    seed: int = option(0, ge=0, help="seed of the synthetic problems and of the dataset's order")
+    seed: int = option(
+        0,
+        ge=0,
+        help="seed of the synthetic problems, of the dataset's order and of the reasoning_gym "
+        "training entries",
+    )
+    rg_dataset: str | None = option(
+        None,
+        help="reasoning_gym task: the reasoning-gym dataset name (basic_arithmetic, chain_sum, "
+        "countdown, gsm_symbolic, ...)",
+    )
+    rg_config: dict | None = option(
+        None,
+        help="reasoning_gym task: a mapping of the dataset's config keyword arguments, e.g. "
+        "{min_terms: 2, max_terms: 3}; None: its defaults",
+    )
+    rg_train_size: int = option(
+        1000, ge=1, help="reasoning_gym task: training entries, generated from data.seed"
+    )
+    rg_eval_size: int = option(
+        200,
+        ge=1,
+        help="reasoning_gym task: held-out entries, generated from data.rg_eval_seed (those "
+        "whose question is also a training one are dropped)",
+    )
+    rg_eval_seed: int = option(
+        1_000_000,
+        ge=0,
+        help="reasoning_gym task: seed of the held-out entries; reasoning-gym draws entry i of "
+        "seed s from Random(s + i), so the generator seeds of the held-out entries (rg_eval_seed "
+        "onwards) must not overlap the training ones (seed to seed + rg_train_size - 1)",
+    )
 
     def check(self) -> None:
         if self.min_terms > self.max_terms:
@@ -663,6 +712,22 @@ class DataConfig(Section):
             )
         if self.task == "dataset" and not self.path:
             raise ConfigError("data.task = 'dataset' needs data.path (a JSONL or Parquet file)")
+        if self.task == "reasoning_gym":
+            if not self.rg_dataset:
+                raise ConfigError(
+                    "data.task = 'reasoning_gym' needs data.rg_dataset (a reasoning-gym dataset "
+                    "name, e.g. chain_sum)"
+                )
+            train = (self.seed, self.seed + self.rg_train_size)
+            held = (self.rg_eval_seed, self.rg_eval_seed + self.rg_eval_size)
+            if held[0] < train[1] and train[0] < held[1]:  # entry i of seed s: Random(s + i)
+                raise ConfigError(
+                    f"data.rg_eval_seed = {self.rg_eval_seed} draws held-out entries from the "
+                    f"generator seeds [{held[0]}, {held[1]}), which overlap the training ones "
+                    f"[{train[0]}, {train[1]}) (data.seed, data.rg_train_size): reasoning-gym "
+                    f"draws entry i of seed s from Random(s + i); use data.rg_eval_seed >= "
+                    f"{train[1]} or <= {train[0] - self.rg_eval_size}"
+                )
         if self.math_batch_timeout_s < self.math_timeout_s:
             raise ConfigError(
                 f"data.math_batch_timeout_s = {self.math_batch_timeout_s} < data.math_timeout_s = "
@@ -834,6 +899,9 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     elif tp is str:
         if isinstance(value, str):
             return value
+    elif tp is dict:  # a mapping of named values (data.rg_config)
+        if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+            return dict(value)
     raise ConfigError(f"{key} = {value!r} has the wrong type; expected {_type_name(tp)}")
 
 

@@ -26,42 +26,45 @@ from flax import nnx
 from sagc_jax.models import axes as ax
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.rl import loss_normalizer, policy_loss, weighted_policy_loss
+from sagc_jax.rl.logprobs import token_logprobs
 from sagc_jax.train.packing import PACKED_KEYS
 
 
 def completion_logprobs(
-    model, prompt_ids_bt, prompt_lens_b, completion_bt, temperature, dropout_key=None
+    model, prompt_ids_bt, prompt_lens_b, completion_bt, temperature, dropout_key=None, chunk=0
 ):
     """float32 [B, L]: log p(completion token j | prompt, earlier completion tokens).
 
     prompt_ids_bt: int32 [B, P] left-padded prompts (row b's prompt in its last prompt_lens_b[b]
     columns); completion_bt: int32 [B, L]. Log-probs are taken at ``temperature``, as the sampler
     reports them, so a freshly sampled batch has ratio 1 up to float error (without LoRA
-    dropout: ``dropout_key``).
+    dropout: ``dropout_key``). Only the L completion positions' logits are computed, ``chunk``
+    tokens at a time (``rl.logprobs.token_logprobs``; 0: all at once).
     """
     p = prompt_ids_bt.shape[1]
     tokens_bt = jnp.concatenate([prompt_ids_bt, completion_bt], axis=1)
     real_prompt_bt = jnp.arange(p)[None, :] >= (p - prompt_lens_b)[:, None]
     real_bt = jnp.concatenate([real_prompt_bt, jnp.ones_like(completion_bt, jnp.bool_)], axis=1)
-    logits_btv = model(tokens_bt, mask_bt=real_bt, dropout_key=dropout_key)[:, p - 1 : -1]
-    logp_btv = jax.nn.log_softmax(logits_btv / temperature, axis=-1)
-    return jnp.take_along_axis(logp_btv, completion_bt[..., None], axis=-1)[..., 0]
+    h_btd = model.hidden(tokens_bt, mask_bt=real_bt, dropout_key=dropout_key)[:, p - 1 : -1]
+    return token_logprobs(model.logits, h_btd, completion_bt, temperature, chunk)
 
 
-def packed_logprobs(model, tokens_bt, positions_bt, segment_ids_bt, temperature, dropout_key=None):
+def packed_logprobs(
+    model, tokens_bt, positions_bt, segment_ids_bt, temperature, dropout_key=None, chunk=0
+):
     """float32 [B, T]: at position s, log p(tokens[s + 1] | its segment up to s), at
-    ``temperature`` (as :func:`completion_logprobs`). Packed rows (``train.packing``): only the
-    positions whose next token is a scored completion token of the same segment mean anything.
+    ``temperature`` (as :func:`completion_logprobs`, ``chunk`` tokens of logits at a time).
+    Packed rows (``train.packing``): only the positions whose next token is a scored completion
+    token of the same segment mean anything.
     """
-    logits_btv = model(
+    h_btd = model.hidden(
         tokens_bt,
         positions_bt=positions_bt,
         segment_ids_bt=segment_ids_bt,
         dropout_key=dropout_key,
     )
-    logp_btv = jax.nn.log_softmax(logits_btv / temperature, axis=-1)
     next_bt = jnp.roll(tokens_bt, -1, axis=1)  # the last column's target is never scored
-    return jnp.take_along_axis(logp_btv, next_bt[..., None], axis=-1)[..., 0]
+    return token_logprobs(model.logits, h_btd, next_bt, temperature, chunk)
 
 
 def policy_model(graphdef, params, base=None):
@@ -90,11 +93,12 @@ def packed_rows_loss(
     """(loss, metrics) of the policy ``params`` (over ``base`` with LoRA, its adapters' inputs
     dropped with ``dropout_key``) on a chunk of packed rows (``PACKED_KEYS``)."""
     args = (rows["tokens"], rows["positions"], rows["segment_ids"], settings.temperature)
-    logp = packed_logprobs(policy_model(graphdef, params, base), *args, dropout_key)
+    chunk = settings.logprob_chunk
+    logp = packed_logprobs(policy_model(graphdef, params, base), *args, dropout_key, chunk)
     ref_logp = None
     if settings.kl_beta > 0:
         ref = reference_model(graphdef, params, ref_params, base)
-        ref_logp = jax.lax.stop_gradient(packed_logprobs(ref, *args))
+        ref_logp = jax.lax.stop_gradient(packed_logprobs(ref, *args, chunk=chunk))
     return weighted_policy_loss(
         logp,
         rows["old_logp"],
@@ -128,6 +132,7 @@ def rows_loss(
         rows["completion"],
         settings.temperature,
         dropout_key,
+        settings.logprob_chunk,
     )
     ref_logp = None
     if settings.kl_beta > 0:
@@ -138,6 +143,7 @@ def rows_loss(
                 rows["prompt_lens"],
                 rows["completion"],
                 settings.temperature,
+                chunk=settings.logprob_chunk,
             )
         )
     return policy_loss(
@@ -173,6 +179,7 @@ class UpdateSettings:
     minibatches: int = 1
     microbatches: int = 1
     lora_dropout: float = 0.0  # > 0: each chunk's policy forward drops the adapters' inputs
+    logprob_chunk: int = 0  # tokens of [tokens, vocab] logits at a time; 0: all at once
 
 
 # The update's batch: every entry has one row per rollout (split over the mesh's batch axes).

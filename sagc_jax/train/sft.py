@@ -26,6 +26,7 @@ import optax
 from flax import nnx
 
 from sagc_jax.config import Config, ConfigError, changed_keys, to_dict
+from sagc_jax.rl.logprobs import token_logprobs
 from sagc_jax.tasks import encode_sft_batch
 from sagc_jax.train.hooks import Hooks, ProgressBar, itstime
 from sagc_jax.train.optim import make_optimizer
@@ -33,14 +34,12 @@ from sagc_jax.train.safety.checkpoint import CheckpointStore, newest_verified_me
 from sagc_jax.train.safety.faults import Interrupted, StopRequest, crash_point, phase, resume_hint
 
 
-def sft_loss(model, tokens_bt, loss_mask_bt):
-    """Mean cross-entropy of the masked tokens given their prefix (float32 scalar)."""
+def sft_loss(model, tokens_bt, loss_mask_bt, chunk: int = 0):
+    """Mean cross-entropy of the masked tokens given their prefix (float32 scalar); the logits
+    ``chunk`` tokens at a time (``rl.logprobs.token_logprobs``; 0: all at once)."""
     inputs_bt, targets_bt = tokens_bt[:, :-1], tokens_bt[:, 1:]
     mask_bt = loss_mask_bt[:, 1:]
-    logits_btv = model(inputs_bt)
-    logp_bt = jnp.take_along_axis(
-        jax.nn.log_softmax(logits_btv, axis=-1), targets_bt[..., None], axis=-1
-    )[..., 0]
+    logp_bt = token_logprobs(model.logits, model.hidden(inputs_bt), targets_bt, 1.0, chunk)
     return -jnp.sum(logp_bt * mask_bt) / jnp.maximum(jnp.sum(mask_bt), 1.0)
 
 
@@ -152,7 +151,8 @@ def run_sft(cfg: Config, trainer_parts, run_dir: Path, progress: bool = True) ->
     @jax.jit
     def step_fn(params, opt_state, tokens_bt, mask_bt):
         def loss_fn(p):
-            return sft_loss(nnx.merge(graphdef, p), tokens_bt, mask_bt)
+            model = nnx.merge(graphdef, p)
+            return sft_loss(model, tokens_bt, mask_bt, cfg.loss.logprob_chunk)
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
         updates, opt_state = tx.update(grads, opt_state, params)

@@ -120,6 +120,7 @@ def update_settings(cfg: Config) -> UpdateSettings:
         minibatches=t.minibatches,
         microbatches=t.microbatches,
         lora_dropout=cfg.model.lora_dropout if cfg.model.lora_rank else 0.0,
+        logprob_chunk=cfg.loss.logprob_chunk,
     )
 
 
