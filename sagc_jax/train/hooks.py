@@ -135,7 +135,8 @@ class SpikeGuard:
 
     def __call__(self, step: int, record: dict[str, Any]) -> None:
         norm = record.get("update/grad_norm", math.nan)
-        if not self.factor or not math.isfinite(norm):
+        # a step without learning signal ran no update (norm 0): nothing to compare
+        if not self.factor or not math.isfinite(norm) or norm == 0:
             return
         warm = len(self.norms) >= max(2, self.window // 2)
         baseline = float(np.median(self.norms)) if warm else 0

@@ -28,7 +28,7 @@ import numpy as np
 from sagc_jax.config import Config
 from sagc_jax.controller import make_controller
 from sagc_jax.models import lora
-from sagc_jax.parallel import ShardingPlan, gather_rows, is_leader
+from sagc_jax.parallel import ShardingPlan, any_process, gather_rows, is_leader
 from sagc_jax.rl import ALGORITHMS, group_advantages
 from sagc_jax.sampling.padding import bucket_length
 from sagc_jax.tasks.source import data_identity, make_source, with_resolved_buckets
@@ -268,7 +268,7 @@ class Trainer:
         clock["packed"] = time.perf_counter()
         crash_point("update", self.step)
         update_rows = len(update_batch["norm" if self.cfg.train.packing else "adv"])
-        update = self._update(update_batch, update_key)
+        update = self._update(update_batch, update_key, has_signal=self._has_signal(adv))
         clock["updated"] = time.perf_counter()
         ctrl, lengths = observe(self.controller, rounds)
         self.step += 1
@@ -298,8 +298,22 @@ class Trainer:
         )
         return np.asarray(adv, np.float32), np.asarray(stats["zero_variance_p"])
 
-    def _update(self, update_batch: dict, key: jax.Array) -> dict[str, float]:
-        """``epochs x minibatches`` optimizer updates; their metrics averaged."""
+    def _has_signal(self, adv: np.ndarray) -> bool:
+        """Whether the step's update runs: some rollout of some process has a non-zero
+        advantage, or the KL term pulls toward the reference, or ``train.skip_no_signal`` is
+        off (a collective: every process calls it and gets the same answer)."""
+        if not self.cfg.train.skip_no_signal or self.settings.kl_beta > 0:
+            return True
+        return any_process(bool(np.any(adv != 0)))
+
+    def _update(self, update_batch: dict, key: jax.Array, has_signal: bool) -> dict[str, float]:
+        """``epochs x minibatches`` optimizer updates; their metrics averaged. A step without
+        learning signal (every advantage zero, no KL term: the loss and its gradient are exactly
+        0) skips them: no program runs, the weights and optimizer state stay as they are (Adam's
+        momentum is not applied either, as optax's ``apply_if_finite`` skips a step), and
+        ``no_signal`` counts it."""
+        if not has_signal:
+            return {"loss": 0.0, "grad_norm": 0.0, "skipped": 0.0, "no_signal": 1.0}
         self.params, self.opt_state, upd = self.programs.update(
             self.params,
             self.opt_state,
@@ -309,7 +323,7 @@ class Trainer:
             self.ref_params,
             self.base,
         )
-        return {k: float(v) for k, v in jax.device_get(upd).items()}
+        return {**{k: float(v) for k, v in jax.device_get(upd).items()}, "no_signal": 0.0}
 
     def record(self, result: StepResult) -> dict[str, Any]:
         """The step's metrics line (``metrics.step_record``; a collective: every process calls

@@ -347,5 +347,6 @@ def summarize(steps: list[dict], evals: list[dict]) -> dict:
         "mean_G": float(np.mean([r["group_size"] for r in steps])),
         "mean_length": float(np.mean([r["length/mean"] for r in steps])),
         "reward": float(np.mean([r["reward"] for r in steps[-10:]])),
+        "no_signal_steps": int(sum(r.get("update/no_signal", 0) for r in steps)),
         **{k: float(v) for k, v in last.items() if k.startswith("eval/") and v is not None},
     }

@@ -4,6 +4,7 @@ import json
 import re
 
 import chex
+import jax
 import numpy as np
 import pytest
 from helpers import (
@@ -38,6 +39,32 @@ def test_one_program_per_candidate(tmp_path, packing):
     assert trainer.programs.compiled_programs()["update"] == len(rows)
     if not packing:
         assert rows == {4, 8}  # 2 prompts x G
+
+
+def test_a_step_without_learning_signal_runs_no_update(tmp_path):
+    """Every group's rewards equal and no KL term: the loss and gradient are exactly 0, so the
+    update is skipped (no program compiled, weights and optimizer state unchanged) and counted
+    in update/no_signal, not in update/skipped (a failure that train.max_nonfinite_steps counts)."""
+    overrides = [
+        *TINY,
+        "train.steps=2",
+        "train.max_nonfinite_steps=1",
+        "train.skip_no_signal=true",
+        "logging.tensorboard=false",
+        "logging.plots=false",
+        "data.reward=helpers:constant_reward",
+        "data.reward_timeout_s=0",
+    ]
+    trainer = Trainer(load_config(None, overrides), tmp_path / "run")
+    before = jax.tree.map(np.array, (trainer.params, trainer.opt_state))
+    summary = trainer.run(progress=False)
+    trainer.close()
+    chex.assert_trees_all_equal(jax.tree.map(np.array, (trainer.params, trainer.opt_state)), before)
+    assert trainer.programs.compiled_programs()["update"] == 0
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in lines if "group_size" in r]
+    assert [(r["update/no_signal"], r["update/skipped"]) for r in steps] == [(1.0, 0.0)] * 2
+    assert summary["no_signal_steps"] == 2
 
 
 @pytest.mark.slow
