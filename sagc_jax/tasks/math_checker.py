@@ -1,12 +1,17 @@
 """Math answer checking: extract a completion's final answer and compare it with a reference.
 
-:func:`extract_answer` looks, in this order, for
-  1. the last ``\\boxed{...}`` (or ``\\fbox{...}``) whose braces close, nested braces included;
+:func:`extract_answer` takes the first of these marked answers that holds a digit:
+  1. the last ``\\boxed{...}`` (or ``\\fbox{...}``) whose braces close, nested braces included,
+     that holds a digit (else the last one that is not empty);
   2. the last ``#### X`` (GSM8K style; X runs to the end of its line);
   3. the last ``answer is X`` / ``answer: X`` (case-insensitive; X runs to the end of its line,
      a final period dropped);
-  4. the last number (integer, decimal, ``a/b`` fraction, thousands separators allowed).
-It takes time linear in the length of the text (one scan of the braces).
+then, when none holds a digit, the first of them that is not empty (a symbolic ``\\boxed{x}``),
+else the last number (integer, decimal, ``a/b`` fraction, thousands separators allowed). An
+empty box (``\\boxed{}``, spaces, braces or ``$`` only) or a placeholder without a digit
+(``\\boxed{answer}``) thus never hides a number given as ``#### 18`` or in another box, as
+math-verify's extraction tries its next target when one yields nothing it can parse. It takes
+time linear in the length of the text (one scan of the braces).
 
 :func:`math_equal` then compares, stopping at the first that decides:
   1. exact string equality after :func:`normalize_answer` (``$``, spacing, ``\\left``/``\\right``,
@@ -59,15 +64,19 @@ _ANSWER_IS = re.compile(r"answer\s*(?:is\s*:?|:)\s*([^\n]+)", re.IGNORECASE)
 _MATH_WORDS = "pi|sqrt|ln|log|exp|sin|cos|tan|sec|csc|cot|deg|mod|inf|infty"
 _HASHES = re.compile(r"####\s*([^\n]*)")
 _BOX_OR_BRACE = re.compile(r"\\(?:boxed|fbox)\s*\{|[{}]")
+# what an empty answer may hold: spaces, braces, $, LaTeX spacing (\, \; \quad ...), boxes
+_FILLER = re.compile(r"\\(?:boxed|fbox|q?quad|[,;:! ])|[\s{}$~]")
+_DIGIT = re.compile(r"\d")
 
 
-def _last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}``/``\\fbox{...}`` whose braces close.
+def _closed_boxes(text: str) -> list[tuple[int, int]]:
+    """(start, end) of the content of every ``\\boxed{...}``/``\\fbox{...}`` whose braces close,
+    in the order the boxes start (an inner box after the box around it).
 
     One scan with a stack of the open braces (a box's records where its content starts), so
     linear in ``len(text)`` however many boxes are left open."""
     open_braces: list[int] = []  # content start of a box's brace, -1 for a plain brace
-    last: tuple[int, int] | None = None  # (start, end) of the closed box that starts last
+    closed: list[tuple[int, int]] = []
     for m in _BOX_OR_BRACE.finditer(text):
         token = m.group()
         if token == "{":
@@ -76,23 +85,61 @@ def _last_boxed(text: str) -> str | None:
             open_braces.append(m.end())
         elif open_braces:
             start = open_braces.pop()
-            if start >= 0 and (last is None or start > last[0]):
-                last = (start, m.start())
-    return None if last is None else text[last[0] : last[1]]
+            if start >= 0:
+                closed.append((start, m.start()))
+    return sorted(closed)
+
+
+def _box_answer(text: str) -> str | None:
+    """The content of the last box holding a digit, else of the last box that is not empty
+    (:func:`_empty`), else None. Linear in ``len(text)``: what each box holds is read from
+    running counts of answer characters and digits, not by rescanning nested boxes."""
+    boxes = _closed_boxes(text)
+    if not boxes:
+        return None
+    filler = bytearray(len(text) + 1)
+    for m in _FILLER.finditer(text):
+        filler[m.start() : m.end()] = b"\x01" * (m.end() - m.start())
+    answer_chars, digits = [0], [0]
+    for i, ch in enumerate(text):
+        answer_chars.append(answer_chars[-1] + (not filler[i]))
+        digits.append(digits[-1] + ch.isdigit())
+    kept = [(a, b) for a, b in boxes if answer_chars[b] > answer_chars[a]]
+    numeric = [(a, b) for a, b in kept if digits[b] > digits[a]]
+    if not kept:
+        return None
+    a, b = (numeric or kept)[-1]
+    return text[a:b].strip()
+
+
+def _empty(answer: str) -> bool:
+    """True for an answer with nothing in it: spaces, braces, ``$``, LaTeX spacing, or boxes."""
+    return not _FILLER.sub("", answer)
+
+
+def _last_matched(pattern: re.Pattern, text: str) -> str | None:
+    matches = pattern.findall(text)
+    if not matches or not matches[-1].strip():
+        return None
+    found = matches[-1].strip()
+    return found[:-1].strip() if found.endswith(".") else found
 
 
 def extract_answer(text: str) -> str | None:
     """The final answer of a completion (see the module docstring for the order), or None."""
     if not isinstance(text, str):
         return None
-    boxed = _last_boxed(text)
-    if boxed is not None:
-        return boxed.strip()
-    for pattern in (_HASHES, _ANSWER_IS):
-        matches = pattern.findall(text)
-        if matches and matches[-1].strip():
-            found = matches[-1].strip()
-            return found[:-1].strip() if found.endswith(".") else found
+    marked = [
+        _box_answer(text),
+        _last_matched(_HASHES, text),
+        _last_matched(_ANSWER_IS, text),
+    ]
+    marked = [m for m in marked if m is not None and not _empty(m)]
+    for answer in marked:
+        if _DIGIT.search(answer):
+            return answer
+    if marked:
+        return marked[0]
     numbers = re.findall(_NUMBER, text)
     return numbers[-1] if numbers else None
 
