@@ -630,7 +630,18 @@ class DataConfig(Section):
     math_workers: int = option(
         2, ge=1, le=64, help="math reward: symbolic checker processes", resumable=True
     )
-    chat_template: bool = option(False, help="wrap dataset prompts in the tokenizer's template")
+    chat_template: bool | None = option(
+        None,
+        help="wrap dataset prompts in the tokenizer's chat template; None: on when the "
+        "tokenizer has a template (a chat model), said once in the log",
+    )
+    eval_split: int = option(
+        128,
+        ge=0,
+        help="task dataset without data.eval_path: rows of data.path set aside by a seeded "
+        "draw (data.seed) as the held-out set, never trained on (nor any row with the same "
+        "prompt); 0: evaluate on the first training rows, named in the log as not held out",
+    )
     on_long_prompt: str = option(
         "error",
         choices=("error", "skip"),

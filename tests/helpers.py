@@ -36,6 +36,11 @@ TINY = [
 ]
 
 
+# A dataset task on a file of a few rows, its prompts as written: no held-out split (the
+# evaluation reads the first training rows) and no chat template.
+RAW_ROWS = ["data.eval_split=0", "data.chat_template=false"]
+
+
 class CyclingController(GroupController):
     """Visits the candidates in a fixed cycle (drives the compile-count tests)."""
 

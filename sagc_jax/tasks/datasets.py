@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["REQUIRED_FIELDS", "DatasetError", "Example", "load_dataset"]
+__all__ = ["REQUIRED_FIELDS", "DatasetError", "Example", "load_dataset", "shard_rows"]
 
 REQUIRED_FIELDS = ("prompt", "answer")
 _JSONL = (".jsonl", ".ndjson")
@@ -148,23 +148,30 @@ def load_dataset(
             f"{path}: unknown dataset format {suffix or '(no suffix)'!r}; "
             f"allowed suffixes: {', '.join(_JSONL + _PARQUET)}"
         )
-    examples, seen, total = [], 0, 0
+    examples, seen = [], 0
     for row, where in rows:
         example = dataclasses.replace(_validate(row, where), index=seen)
         seen += 1
-        if keep is not None and not keep(example):
-            continue
-        if total % num_shards == shard_index:
+        if keep is None or keep(example):
             examples.append(example)
-        total += 1
     if seen == 0:
         raise DatasetError(f"{path}: the dataset has no rows")
-    if total == 0:
-        raise DatasetError(f"{path}: all {seen} rows were skipped; no prompt is left to train on")
     if not examples:
-        kept = f"{total} rows" + (f" after skipping {seen - total}" if seen > total else "")
+        raise DatasetError(f"{path}: all {seen} rows were skipped; no prompt is left to train on")
+    skipped = f" after skipping {seen - len(examples)}" if seen > len(examples) else ""
+    return shard_rows(examples, shard_index, num_shards, path, f"the file has {{}} rows{skipped}")
+
+
+def shard_rows(
+    examples: list[Example], shard_index: int, num_shards: int, path, rows_are: str
+) -> list[Example]:
+    """Rows ``shard_index::num_shards`` of ``examples`` (every process holds them all); a
+    DatasetError naming ``path`` when that shard is empty, ``rows_are`` saying what the rows
+    are (``{}`` for their count)."""
+    mine = examples[shard_index::num_shards]
+    if not mine:
         raise DatasetError(
-            f"{path}: shard {shard_index} of {num_shards} is empty (the file has {kept}); "
-            "use fewer shards than rows"
+            f"{path}: shard {shard_index} of {num_shards} is empty "
+            f"({rows_are.format(len(examples))}); use fewer shards than rows"
         )
-    return examples
+    return mine

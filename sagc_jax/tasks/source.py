@@ -22,6 +22,7 @@ import numpy as np
 
 from sagc_jax.config import Config, ConfigError
 from sagc_jax.tasks import CharTokenizer, DatasetError, SyntheticTask, load_dataset, resolve_reward
+from sagc_jax.tasks.datasets import shard_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,11 +165,14 @@ class SyntheticSource(PromptSource):
 class DatasetSource(PromptSource):
     """Rows ``{prompt, answer}`` of a JSONL/Parquet file, reshuffled every epoch.
 
-    In multi-process runs each process loads only its shard of the rows (``shard_index`` of
-    ``num_shards``) and walks through it on its own: its prompts are a function of (step, round,
-    index) within the shard. Every process tokenises every row (it reads and validates every row
-    anyway), so all processes fail on the same row, skip the same rows, shard the rows kept the
-    same way and derive the same ``auto`` buckets, with no collective.
+    The held-out prompts are ``data.eval_path``'s rows, or, without one, ``data.eval_split``
+    rows of ``data.path`` drawn by ``data.seed`` and never trained on (nor is any other row with
+    the same prompt): disjoint from training by construction. Every process reads every row and
+    makes the same split; in multi-process runs each then keeps only its shard of the training
+    rows (``shard_index`` of ``num_shards``) and walks through it on its own: its prompts are a
+    function of (step, round, index) within the shard. As every process tokenises every row,
+    all processes fail on the same row, skip the same rows, shard the same way and derive the
+    same ``auto`` buckets, with no collective.
     """
 
     def __init__(
@@ -182,31 +186,57 @@ class DatasetSource(PromptSource):
     ):
         d = cfg.data
         self.tokenizer = tokenizer
+        notes = []
         self.chat_template = d.chat_template
+        if self.chat_template is None:  # a chat model gets its template unless told otherwise
+            self.chat_template = getattr(tokenizer, "chat_template", None) is not None
+            if self.chat_template:
+                notes.append(
+                    "data: prompts go through the tokenizer's chat template (data.chat_template "
+                    "unset and the tokenizer has one; set it to false for raw prompts)"
+                )
         _check_tokenizer(cfg, tokenizer)
         limit, why = prompt_limit(cfg)
-        train = _LengthCheck(self.encode, limit, why, d.on_long_prompt, d.chat_template)
-        self.rows = load_dataset(d.path, shard_index, num_shards, keep=train)
-        # Held-out prompts must be the same list on every process: without an eval file, the
-        # head of the whole training file (not of this process's shard).
+        train = _LengthCheck(self.encode, limit, why, d.on_long_prompt, self.chat_template)
+        rows = load_dataset(d.path, keep=train)
         held = train
-        if d.eval_path or num_shards > 1:
-            held = _LengthCheck(self.encode, limit, why, d.on_long_prompt, d.chat_template)
-            self.eval_rows = load_dataset(d.eval_path or d.path, keep=held)
+        if d.eval_path:
+            held = _LengthCheck(self.encode, limit, why, d.on_long_prompt, self.chat_template)
+            self.eval_rows = load_dataset(d.eval_path, keep=held)
+            seen = {r.prompt for r in rows}
+            shared = sum(r.prompt in seen for r in self.eval_rows)
+            if shared:
+                notes.append(
+                    f"data: {shared} of the {len(self.eval_rows)} rows of data.eval_path "
+                    f"{d.eval_path} have a prompt that data.path also has: the evaluation is "
+                    f"not wholly held out"
+                )
+        elif d.eval_split:
+            self.eval_rows, rows, dropped = split_heldout(rows, d.eval_split, d.seed, d.path)
+            notes.append(
+                f"data: held-out: {len(self.eval_rows)} rows of {d.path} drawn by data.seed = "
+                f"{d.seed} (data.eval_split), never trained on"
+                + (f"; {dropped} more rows with a held-out prompt left out" if dropped else "")
+            )
         else:
-            self.eval_rows = self.rows
+            self.eval_rows = rows
+            notes.append(
+                f"data: the evaluation reads the first rows of the training file {d.path} "
+                f"(data.eval_split = 0, no data.eval_path): its accuracy is not held-out"
+            )
+        self.rows = shard_rows(rows, shard_index, num_shards, d.path, "{} training rows")
         shortest, longest = min(train.shortest, held.shortest), max(train.longest, held.longest)
         self.prompt_buckets = resolve_buckets(cfg, shortest, longest, limit)
-        notes = [
+        notes += [
             f"data: skipped {check.skipped} of {check.seen} rows of {path}: prompts over "
             f"{limit} tokens ({why}; data.on_long_prompt: skip)"
-            for path, check in ((d.path, train), (d.eval_path or d.path, held))
-            if check.skipped
+            for path, check in ((d.path, train), (d.eval_path, held))
+            if check.skipped and path
         ]
         if cfg.sampling.prompt_buckets == "auto":
             notes.append(_auto_note(self.prompt_buckets, shortest, longest))
         if shard_index == 0:  # every process knows the same: one says it
-            for note in dict.fromkeys(notes):  # the held-out rows may be the training file's
+            for note in dict.fromkeys(notes):
                 log(note)
         self._keep_run_settings(cfg, "math", rounds_per_step, shard_index, num_shards)
 
@@ -229,6 +259,28 @@ class DatasetSource(PromptSource):
                 tokenize=True,
             )
         return self.tokenizer.encode(prompt.text, add_special_tokens=True)
+
+
+def split_heldout(rows: list, size: int, seed: int, path) -> tuple[list, list, int]:
+    """(held-out rows, training rows, rows dropped): ``size`` rows drawn by ``seed`` (in file
+    order), and the others but those whose prompt a held-out row has. DatasetError when no
+    training row is left."""
+    if size >= len(rows):
+        raise DatasetError(
+            f"{path}: data.eval_split = {size} held-out rows leave none of its {len(rows)} rows "
+            f"to train on; lower data.eval_split or give a held-out file as data.eval_path"
+        )
+    chosen = np.zeros(len(rows), bool)
+    chosen[np.random.default_rng([seed, len(rows)]).choice(len(rows), size, replace=False)] = True
+    held = [r for r, c in zip(rows, chosen, strict=True) if c]
+    prompts = {r.prompt for r in held}
+    train = [r for r, c in zip(rows, chosen, strict=True) if not c and r.prompt not in prompts]
+    if not train:
+        raise DatasetError(
+            f"{path}: every row not held out (data.eval_split = {size}) repeats a held-out "
+            f"prompt; nothing is left to train on"
+        )
+    return held, train, len(rows) - size - len(train)
 
 
 def _epoch_order(orders: dict[int, np.ndarray], seed: int, position: int, size: int) -> int:

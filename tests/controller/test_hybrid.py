@@ -472,7 +472,7 @@ def test_synthetic_prompt_pool_is_revisited_every_epoch_in_a_seeded_order():
 
 
 def test_dataset_prompt_ids_are_row_indices(tmp_path):
-    from helpers import write_word_tokenizer
+    from helpers import RAW_ROWS, write_word_tokenizer
 
     from sagc_jax.tasks.source import DatasetSource
     from sagc_jax.train.policy import build_tokenizer
@@ -482,7 +482,7 @@ def test_dataset_prompt_ids_are_row_indices(tmp_path):
     rows = [{"prompt": f"what is {a} plus 1", "answer": str(a + 1)} for a in range(5)]
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     cfg = trainer_config(
-        "data.task=dataset", f"data.path={data}", f"model.tokenizer={tmp_path}/tok"
+        "data.task=dataset", *RAW_ROWS, f"data.path={data}", f"model.tokenizer={tmp_path}/tok"
     )
     tok = build_tokenizer(cfg)
     source = DatasetSource(cfg, tok, log=lambda _: None)

@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers
 from flax import nnx
-from helpers import TINY, sets, write_word_tokenizer
+from helpers import RAW_ROWS, TINY, sets, write_word_tokenizer
 from hf_tiny import COMMON, forward, hf_logits, randomize
 
 from sagc_jax.cli import main
@@ -157,6 +157,7 @@ def test_export_of_a_lora_run_over_an_hf_checkpoint(tmp_path, capsys, length_rew
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     dataset = [
         "data.task=dataset",
+        *RAW_ROWS,
         f"data.path={tmp_path / 'train.jsonl'}",
         f"model.hf_checkpoint={tmp_path / 'hf'}",
         f"model.tokenizer={tmp_path / 'tok'}",

@@ -143,7 +143,7 @@ def test_built_tokenizer_vocab_limits(tmp_path):
     ],
 )
 def test_tokenizer_without_eos_is_a_one_line_error_at_load(tmp_path, capsys, config, needle):
-    from helpers import TINY
+    from helpers import RAW_ROWS, TINY
 
     from sagc_jax.cli import main
 
@@ -154,7 +154,13 @@ def test_tokenizer_without_eos_is_a_one_line_error_at_load(tmp_path, capsys, con
     if config is not None:
         (tmp_path / "tok" / "tokenizer_config.json").write_text(json.dumps(config))
     data = write_rows(tmp_path / "d.jsonl", [{"prompt": "1 1", "answer": "2"}])
-    sets = [*TINY, "data.task=dataset", f"data.path={data}", f"model.tokenizer={tmp_path / 'tok'}"]
+    sets = [
+        *TINY,
+        "data.task=dataset",
+        *RAW_ROWS,
+        f"data.path={data}",
+        f"model.tokenizer={tmp_path / 'tok'}",
+    ]
     args = ["train", *[a for s in sets for a in ("--set", s)]]
     assert main([*args, "--set", f"logging.run_dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err
@@ -164,7 +170,7 @@ def test_tokenizer_without_eos_is_a_one_line_error_at_load(tmp_path, capsys, con
 @pytest.mark.slow
 def test_tokenizer_command_then_train_a_dataset_run(tmp_path, capsys):
     """The walkthrough of docs/tasks.md: JSONL -> sagc-jax tokenizer -> sagc-jax train."""
-    from helpers import TINY
+    from helpers import RAW_ROWS, TINY
 
     from sagc_jax.cli import main
 
@@ -178,6 +184,7 @@ def test_tokenizer_command_then_train_a_dataset_run(tmp_path, capsys):
         *TINY,
         f"model.tokenizer={tok_dir}",
         "data.task=dataset",
+        *RAW_ROWS,
         f"data.path={data}",
         "data.chat_template=true",
         "sampling.prompt_buckets=auto",

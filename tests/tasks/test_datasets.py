@@ -142,7 +142,7 @@ def test_parquet_missing_and_corrupt_files(tmp_path):
 
 def dataset_source(tmp_path, path, *overrides, log=None, shard=(0, 1)):
     """``make_source`` of a dataset run with the tiny word tokenizer (no model is built)."""
-    from helpers import TINY, write_word_tokenizer
+    from helpers import RAW_ROWS, TINY, write_word_tokenizer
 
     from sagc_jax.config import load_config
     from sagc_jax.models import Tokenizer
@@ -151,7 +151,13 @@ def dataset_source(tmp_path, path, *overrides, log=None, shard=(0, 1)):
     tok_dir = tmp_path / "tok"
     if not tok_dir.exists():
         write_word_tokenizer(tok_dir)
-    sets = [*TINY, "data.task=dataset", f"data.path={path}", f"model.tokenizer={tok_dir}"]
+    sets = [
+        *TINY,
+        "data.task=dataset",
+        *RAW_ROWS,
+        f"data.path={path}",
+        f"model.tokenizer={tok_dir}",
+    ]
     cfg = load_config(None, [*sets, *overrides])
     notes = [] if log is None else log
     return make_source(cfg, Tokenizer.from_dir(str(tok_dir)), *shard, log=notes.append)
@@ -163,7 +169,7 @@ def sums(lengths):
 
 
 def test_a_20000_token_prompt_stops_the_load_naming_its_line(tmp_path, capsys):
-    from helpers import TINY
+    from helpers import RAW_ROWS, TINY
 
     from sagc_jax.cli import main
 
@@ -175,7 +181,13 @@ def test_a_20000_token_prompt_stops_the_load_naming_its_line(tmp_path, capsys):
     assert "largest sampling.prompt_buckets entry" in message
     assert "data.on_long_prompt=skip" in message and "\n" not in message
     # the train command: one line, exit 2, before step 0 (no metrics written)
-    sets = [*TINY, "data.task=dataset", f"data.path={path}", f"model.tokenizer={tmp_path / 'tok'}"]
+    sets = [
+        *TINY,
+        "data.task=dataset",
+        *RAW_ROWS,
+        f"data.path={path}",
+        f"model.tokenizer={tmp_path / 'tok'}",
+    ]
     run = tmp_path / "run"
     args = ["train", *[a for s in sets for a in ("--set", s)], "--set", f"logging.run_dir={run}"]
     assert main(args) == 2
@@ -217,8 +229,10 @@ def test_skip_leaves_long_rows_out_and_says_how_many_once(tmp_path):
     assert [r.answer for r in source.rows] == ["0", "2", "3", "5", "6"]
     assert [p.answer for p in source.heldout(10)] == ["0", "2", "3", "5", "6"]
     assert notes == [
+        f"data: the evaluation reads the first rows of the training file {path} "
+        "(data.eval_split = 0, no data.eval_path): its accuracy is not held-out",
         f"data: skipped 2 of 7 rows of {path}: prompts over 16 tokens (the largest "
-        "sampling.prompt_buckets entry; data.on_long_prompt: skip)"
+        "sampling.prompt_buckets entry; data.on_long_prompt: skip)",
     ]
     # two processes: the shards partition the rows kept, the held-out rows are the whole file's,
     # and only process 0 says it (once, though it reads the file twice)
@@ -229,10 +243,57 @@ def test_skip_leaves_long_rows_out_and_says_how_many_once(tmp_path):
     ]
     assert [[r.answer for r in s.rows] for s in shards] == [["0", "3", "6"], ["2", "5"]]
     assert [p.answer for p in shards[1].heldout(10)] == ["0", "2", "3", "5", "6"]
-    assert len(notes) == 1
+    assert len(notes) == 2
     # the same prompts in the same order every time the source is built (a resumed run)
     again = dataset_source(tmp_path, path, "data.on_long_prompt=skip")
     assert again.batch(3, 0, 2) == source.batch(3, 0, 2)
+
+
+def test_the_held_out_split_is_seeded_and_never_trained_on(tmp_path):
+    """Without data.eval_path, data.eval_split rows drawn by data.seed are held out, and no row
+    with a held-out prompt is trained on; every process draws the same split."""
+    rows = [{"prompt": f"what is {i % 10} plus 1", "answer": str(i % 10 + 1)} for i in range(14)]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)  # every prompt twice (rows i and i + 10)
+    notes = []
+    source = dataset_source(tmp_path, path, "data.eval_split=3", log=notes)
+    held = {p.text for p in source.heldout(10)}
+    assert len(held) == 3 and not held & {r.prompt for r in source.rows}
+    kept = {i for i, r in enumerate(rows) if r["prompt"] not in held}  # duplicates left out too
+    assert {r.index for r in source.rows} == kept and len(kept) < 11
+    assert notes[0].startswith(f"data: held-out: 3 rows of {path} drawn by data.seed = 0")
+    shards = [dataset_source(tmp_path, path, "data.eval_split=3", shard=(i, 2)) for i in (0, 1)]
+    assert all({p.text for p in s.heldout(10)} == held for s in shards)
+    assert sorted(r.index for s in shards for r in s.rows) == sorted(r.index for r in source.rows)
+    other = dataset_source(tmp_path, path, "data.eval_split=3", "data.seed=1")
+    assert {p.text for p in other.heldout(10)} != held  # another seed, another draw
+
+
+def test_a_file_too_small_for_its_split_is_one_line(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", ROWS)
+    with pytest.raises(DatasetError, match=r"data.eval_split = 7 held-out rows leave none of its 7"):
+        dataset_source(tmp_path, path, "data.eval_split=7")
+
+
+def test_a_chat_tokenizer_gets_its_template_unless_told_otherwise(tmp_path):
+    from helpers import write_word_tokenizer
+
+    from sagc_jax.models import Tokenizer
+
+    path = write_jsonl(tmp_path / "d.jsonl", ROWS)
+    write_word_tokenizer(tmp_path / "tok")
+    assert Tokenizer.from_dir(str(tmp_path / "tok")).chat_template is not None
+    notes = []
+    auto = dataset_source(tmp_path, path, "data.chat_template=null", log=notes)
+    raw = dataset_source(tmp_path, path, "data.chat_template=false")
+    prompt = raw.heldout(1)[0]
+    assert auto.encode(prompt) != raw.encode(prompt)
+    assert auto.encode(prompt) == auto.tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt.text}], add_generation_prompt=True, tokenize=True
+    )
+    assert [n for n in notes if "chat template" in n] == [
+        "data: prompts go through the tokenizer's chat template (data.chat_template unset and "
+        "the tokenizer has one; set it to false for raw prompts)"
+    ]
 
 
 def test_auto_buckets_from_the_data_and_from_the_synthetic_task(tmp_path):

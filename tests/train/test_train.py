@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 from helpers import (
+    RAW_ROWS,
     TINY,
     CyclingController,
     capture_figures,
@@ -288,6 +289,7 @@ def test_dataset_task_with_a_tokenizer_and_math_reward(tmp_path, capsys):
     common = [
         *TINY,
         "data.task=dataset",
+        *RAW_ROWS,
         f"data.path={data}",
         f"model.tokenizer={tmp_path / 'tok'}",
         "data.chat_template=true",

@@ -7,7 +7,7 @@ import textwrap
 import time
 
 import pytest
-from helpers import TINY, sets, write_word_tokenizer
+from helpers import RAW_ROWS, TINY, sets, write_word_tokenizer
 
 from sagc_jax.cli import main
 from sagc_jax.tasks import RewardError, TimeLimitedReward, resolve_reward, score_batch
@@ -124,6 +124,7 @@ def test_a_damaged_file_is_one_line_naming_it(
     overrides = [
         *TINY,
         "data.task=dataset",
+        *RAW_ROWS,
         f"data.path={case / 'd.jsonl'}",
         f"model.tokenizer={case / 'tok'}",
         *extra,

@@ -14,8 +14,8 @@ import chex
 import jax
 import numpy as np
 import pytest
+from helpers import RAW_ROWS, sets, tree_digest, write_word_tokenizer
 from helpers import TINY as TRAIN_TINY
-from helpers import sets, tree_digest, write_word_tokenizer
 
 from sagc_jax.cli import main
 from sagc_jax.config import load_config
@@ -228,6 +228,7 @@ def test_checkpoint_whose_tensors_do_not_match_its_config(tmp_path, capsys):
                 [
                     *TINY,
                     "data.task=dataset",
+                    *RAW_ROWS,
                     f"data.path={data}",
                     f"model.hf_checkpoint={tmp_path / 'hf'}",
                     f"model.tokenizer={tmp_path / 'tok'}",
@@ -253,6 +254,7 @@ def test_refused_resume_and_missing_paths_leave_files_untouched(tmp_path, capsys
     write_word_tokenizer(tmp_path / "tok")
     missing = [
         "data.task=dataset",
+        *RAW_ROWS,
         f"data.path={tmp_path / 'missing.jsonl'}",
         f"model.tokenizer={tmp_path / 'tok'}",
     ]

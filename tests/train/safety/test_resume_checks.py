@@ -5,7 +5,7 @@ table in docs/reliability.md."""
 import json
 
 import pytest
-from helpers import TINY, sets
+from helpers import RAW_ROWS, TINY, sets
 
 from sagc_jax.cli import main
 
@@ -27,6 +27,7 @@ def test_a_resume_on_changed_data_is_refused_unless_allowed(tmp_path, capsys):
         *TINY,
         f"model.tokenizer={tok}",
         "data.task=dataset",
+        *RAW_ROWS,
         f"data.path={data}",
         "train.eval_size=2",
         "train.checkpoint_every=1",
