@@ -173,6 +173,7 @@ def test_one_grpo_step_then_export_loads_in_transformers(model_dir, tmp_path, ca
         "controller.candidates=[2]",
         "train.prompts_per_step=2",
         "train.steps=1",
+        "data.eval_split=2",
         "train.eval_size=2",
         "train.skip_no_signal=false",
         "logging.tensorboard=false",
