@@ -38,8 +38,15 @@ def policy_sampler(
     )
 
 
-def evaluate_policy(sampler, params, source, cfg: Config, num: int | None = None) -> dict:
-    """Greedy held-out accuracy (reward >= 1), mean reward and mean completion length.
+def evaluate_policy(
+    sampler, params, source, cfg: Config, num: int | None = None, samples: int = 1
+) -> dict:
+    """Held-out accuracy (reward >= 1), mean reward and completion length, and the share
+    truncated at ``sampling.max_new_tokens``: greedy (``samples`` = 1, what a run logs), or
+    ``samples`` completions per prompt drawn at the config's temperature, top-p and top-k
+    (means over every completion), with ``eval/pass@k`` (the unbiased estimator of Chen et
+    al. 2021: the chance that some of k completions of a prompt is right) for k = 1, 2, 4, ...
+    up to ``samples``.
 
     On a mesh the prompts are padded (repeating the last) to a multiple of the batch shards and
     every process decodes its share; the figures cover the real prompts only.
@@ -50,25 +57,44 @@ def evaluate_policy(sampler, params, source, cfg: Config, num: int | None = None
     prompts = prompts + prompts[-1:] * (-count % shards)
     share = len(prompts) // jax.process_count()
     first = jax.process_index() * share
+    s = cfg.sampling
+    greedy = samples == 1
     r = generate(
         sampler,
         params,
         source,
         prompts[first : first + share],
-        1,
+        samples,
         jax.random.key(0),
-        max_new_tokens=cfg.sampling.max_new_tokens,
-        temperature=0.0,
-        top_p=1.0,
-        top_k=0,
+        max_new_tokens=s.max_new_tokens,
+        temperature=0.0 if greedy else s.temperature,
+        top_p=1.0 if greedy else s.top_p,
+        top_k=0 if greedy else s.top_k,
         buckets=source.prompt_buckets,  # sampling.prompt_buckets, 'auto' resolved
         reward_on_error="zero",
     )
-    rewards = gather_rows(r.rewards)[:count]
-    lengths = gather_rows(r.lengths)[:count]
-    return {
+    rows = count * samples  # the real prompts' rows come first, in prompt order
+    rewards = gather_rows(r.rewards)[:rows]
+    lengths = gather_rows(r.lengths)[:rows]
+    metrics = {
         "eval/accuracy": float(np.mean(rewards >= 1.0)),
         "eval/reward": float(rewards.mean()),
         "eval/length_mean": float(lengths.mean()),
-        "eval/truncated_frac": float(gather_rows(r.truncated)[:count].mean()),
+        "eval/truncated_frac": float(gather_rows(r.truncated)[:rows].mean()),
     }
+    if not greedy:
+        right_p = (rewards.reshape(count, samples) >= 1.0).sum(axis=1)
+        ks = sorted({*(2**i for i in range(samples.bit_length()) if 2**i <= samples), samples})
+        metrics.update({f"eval/pass@{k}": pass_at_k(right_p, samples, k) for k in ks})
+    return metrics
+
+
+def pass_at_k(right_p: np.ndarray, n: int, k: int) -> float:
+    """Mean over prompts of ``1 - C(n - c, k) / C(n, k)``: the chance that k completions drawn
+    without replacement from a prompt's ``n`` (``c`` = ``right_p`` of them right) hold a right
+    one; computed as a product, stable for any n."""
+    chances = [
+        1.0 if n - c < k else 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+        for c in np.asarray(right_p, int)
+    ]
+    return float(np.mean(chances))
