@@ -26,6 +26,7 @@ from sagc_jax.models import axes as ax
 from sagc_jax.models.hf_checkpoint import hf_architecture
 from sagc_jax.models.lora import LoRAParam
 from sagc_jax.parallel import BATCH_AXES, MESH_AXES, RULES, mesh_shape
+from sagc_jax.rl.logprobs import chunk_positions
 from sagc_jax.sampling.schedule import row_rungs
 from sagc_jax.sim.roofline import (
     HARDWARE,
@@ -56,7 +57,18 @@ STAGES = {
     "merged weights": "sampling",
     "gradients": "update",
     "activations": "update",
+    "log-prob logits": "update",
+    "backward temps": "update",
 }
+
+# What the compiled backward pass holds beyond the residuals jax says it saves (``activations``),
+# as a share of them: fitted to XLA CPU's buffer assignment of the SmolLM2-135M update (remat
+# none, 16 rows x 168 tokens; docs/scale-out.md, "Memory of a real model on CPU"), where each
+# layer added 0.359 GiB of temporaries against 0.205 GiB of residuals.
+BACKWARD_TEMPS = 0.75
+# float32 [tokens, vocab] buffers of the log-prob logits alive at once: the logits, their softmax
+# (or, chunked, the backward's recomputed logits) and their gradient.
+LOGIT_COPIES = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,6 +278,20 @@ def memory_plan(
         f"keeps each layer's [T, T] probabilities, cudnn / splash only per-row softmax statistics"
     )
     items.append(Item("activations", detail, residual, residual * micro_rows // local_rows))
+    scale = micro_rows // local_rows
+    temps = round(BACKWARD_TEMPS * residual)
+    detail = f"{BACKWARD_TEMPS:g} x the activations: what the compiled backward holds beyond them"
+    items.append(Item("backward temps", detail, temps, temps * scale))
+    chunk = cfg.loss.logprob_chunk
+    positions = chunk_positions(local_rows, width, chunk)
+    logits = LOGIT_COPIES * local_rows * positions * arch.vocab_size * 4
+    how = (
+        "the whole microbatch's at once (loss.logprob_chunk 0)"
+        if positions >= width
+        else f"chunks of {local_rows} rows x {positions} positions (loss.logprob_chunk {chunk})"
+    )
+    detail = f"{LOGIT_COPIES} float32 [tokens, {arch.vocab_size}] buffers: {how}"
+    items.append(Item("log-prob logits", detail, logits, logits * scale))
     return MemoryPlan(source, count, arch.param_dtype, sizes, items, lora)
 
 
@@ -395,8 +421,8 @@ def format_plan(plan: MemoryPlan, device_memory: float | None = None) -> str:
     sampling, update = plan.during("sampling"), plan.during("update")
     lines.append(
         f"{'total':<17}{total / GIB:>8.2f} GiB  the larger of sampling ({sampling / GIB:.2f} "
-        f"GiB: all but gradients and activations) and the update ({update / GIB:.2f} GiB: all "
-        f"but decode weights and caches)"
+        f"GiB: all but the update's gradients, activations and temporaries) and the update "
+        f"({update / GIB:.2f} GiB: all but decode weights and caches)"
     )
     if device_memory:
         verdict = "fits" if total <= device_memory * GIB else "does NOT fit"
