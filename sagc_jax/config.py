@@ -698,6 +698,14 @@ class DataConfig(Section):
         help="reasoning_gym task: held-out entries, generated from data.rg_eval_seed (those "
         "whose question is also a training one are dropped)",
     )
+    rg_answer: str = option(
+        "tags",
+        choices=("tags", "final"),
+        help="reasoning_gym task: where the reward reads the answer: the last <answer></answer> "
+        "tags, as reasoning-gym asks (tags); or those, else the final answer of the math "
+        "reward's conventions (\\boxed{}, '####', 'answer is', the last number) for a model "
+        "that does not write the tags (final)",
+    )
     rg_eval_seed: int = option(
         1_000_000,
         ge=0,

@@ -31,6 +31,7 @@ from typing import Any
 
 from sagc_jax.config import Config, ConfigError
 from sagc_jax.tasks.datasets import Example
+from sagc_jax.tasks.math_checker import extract_answer as final_answer
 from sagc_jax.tasks.source import (
     Prompt,
     PromptSource,
@@ -109,16 +110,20 @@ def _create(name: str, kwargs: dict[str, Any], seed: int, size: int):
         ) from None
 
 
-def _answer(name: str, kwargs: dict, seed: int, size: int, index: int, entry: dict) -> str:
+def _answer(
+    name: str, kwargs: dict, seed: int, size: int, index: int, entry: dict, extract: str
+) -> str:
     """The ``answer`` string of an entry: the entry itself as JSON when it survives the round
-    trip unchanged, else the key that re-creates it."""
+    trip unchanged, else the key that re-creates it; with ``extract`` (``data.rg_answer``)
+    when it is not the default."""
+    head = {"rg": name, "config": kwargs, **({"extract": extract} if extract != "tags" else {})}
     try:
         text = json.dumps(entry, sort_keys=True)
         if json.loads(text) == entry:
-            return json.dumps({"rg": name, "config": kwargs, "entry": entry}, sort_keys=True)
+            return json.dumps({**head, "entry": entry}, sort_keys=True)
     except (TypeError, ValueError):
         pass
-    key = {"rg": name, "config": kwargs, "seed": seed, "size": size, "index": index}
+    key = {**head, "seed": seed, "size": size, "index": index}
     key["answer"] = entry["answer"]  # for a reader of the logs; scoring uses the entry re-created
     return json.dumps(key, sort_keys=True, default=str)
 
@@ -175,7 +180,7 @@ class ReasoningGymSource(PromptSource):
             for i, entry in entries:
                 row = Example(
                     entry["question"],
-                    _answer(self.name, self.kwargs, seed, size, i, entry),
+                    _answer(self.name, self.kwargs, seed, size, i, entry, d.rg_answer),
                     f"reasoning_gym {self.name} (seed {seed}) entry {i}",
                     {},
                     i,
@@ -266,10 +271,9 @@ def _dataset(name: str, kwargs: dict, seed: int = 0, size: int = 1):
     return _DATASETS[key]
 
 
-def _entry(prompt: str, answer: str):
-    """(dataset, entry) of a prompt's ``answer`` string; a re-created entry must have the
-    prompt's question (the dataset is deterministic across processes)."""
-    spec = json.loads(answer)
+def _entry(prompt: str, answer: str, spec: dict):
+    """(dataset, entry) of a prompt's ``answer`` string (``spec``: it parsed); a re-created
+    entry must have the prompt's question (the dataset is deterministic across processes)."""
     name, kwargs = spec["rg"], spec.get("config") or {}
     if "entry" in spec:
         return _dataset(name, kwargs), spec["entry"]
@@ -296,13 +300,18 @@ except ImportError:  # without the extra: one line when a source or the reward n
 
 def score(prompts: list[str], completions: list[str], answers: list[str]) -> list[float]:
     """The reasoning-gym reward: per row, the dataset's ``score_answer`` of the completion's last
-    ``<answer>...</answer>`` (``reasoning_gym.utils.extract_answer``); 0.0 without one, or
-    when ``score_answer`` raises on the model's answer. A malformed ``answers`` entry raises."""
+    ``<answer>...</answer>`` (``reasoning_gym.utils.extract_answer``), or with ``data.rg_answer:
+    final`` and no tags, of its final answer (``math_checker.extract_answer``); 0.0 without
+    one, or when ``score_answer`` raises on the model's answer. A malformed ``answers`` entry
+    raises."""
     rg = _reasoning_gym()
     out = []
     for prompt, completion, answer in zip(prompts, completions, answers, strict=True):
-        dataset, entry = _entry(prompt, answer)
+        spec = json.loads(answer)
+        dataset, entry = _entry(prompt, answer, spec)
         guess = rg.utils.extract_answer(completion)
+        if guess is None and spec.get("extract") == "final":
+            guess = final_answer(completion)
         if guess is None:
             out.append(0.0)
             continue

@@ -120,16 +120,29 @@ def test_entries_that_survive_json_are_carried_whole():
     from sagc_jax.tasks.reasoning_gym import _answer, score
 
     entry = {"question": "What is 2 + 3?", "answer": "5", "metadata": {"x": [1, 2]}}
-    answer = _answer("chain_sum", {}, 0, 10, 4, entry)
+    answer = _answer("chain_sum", {}, 0, 10, 4, entry, "tags")
     assert json.loads(answer) == {"rg": "chain_sum", "config": {}, "entry": entry}
     tupled = {**entry, "metadata": {"x": (1, 2)}}  # a tuple comes back a list: re-created
-    key = json.loads(_answer("chain_sum", {}, 0, 10, 4, tupled))
+    key = json.loads(_answer("chain_sum", {}, 0, 10, 4, tupled, "tags"))
     assert key == dict(rg="chain_sum", config={}, seed=0, size=10, index=4, answer="5")
     completions = ["<answer>5</answer>", "<answer>6</answer>"]
     assert score(["What is 2 + 3?"] * 2, completions, [answer] * 2) == [1.0, 0.0]
     # a re-created entry whose question is not the prompt's: the reward fails (not a silent 0)
     with pytest.raises(ValueError, match="another question than the prompt"):
         score(["not the question"], ["<answer>5</answer>"], [json.dumps(key)])
+
+
+@needs_rg
+def test_final_answers_score_without_tags_only_when_asked():
+    """data.rg_answer: tags (the default) reads <answer> tags alone; final also reads a final
+    answer in the math reward's conventions when the completion has no tags."""
+    from sagc_jax.tasks.reasoning_gym import _answer, score
+
+    entry = {"question": "What is 2 + 3?", "answer": "5", "metadata": {}}
+    tags, final = (_answer("chain_sum", {}, 0, 10, 4, entry, x) for x in ("tags", "final"))
+    completions = ["2 + 3 = 5.", "\\boxed{} #### 5", "<answer>6</answer> so 5", "2 + 3 = 6."]
+    assert score([entry["question"]] * 4, completions, [tags] * 4) == [0.0, 0.0, 0.0, 0.0]
+    assert score([entry["question"]] * 4, completions, [final] * 4) == [1.0, 1.0, 0.0, 0.0]
 
 
 @needs_rg
