@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: train test test-fast simulate experiment soak lint clean clean-runs real-model fetch-model
+.PHONY: train test test-fast simulate experiment soak lint clean clean-runs real-model real-train
 
 # (Re)install when pyproject.toml changes; the venv is created on first use. The demo needs the
 # package alone; the tests (and lint) add the dev extra: pytest, ruff, CPU PyTorch, transformers.
@@ -36,7 +36,14 @@ train: $(STAMP)
 real-model: $(DEV_STAMP)
 	$(VENV)/bin/sagc-jax fetch-model
 
-fetch-model: real-model
+# A real model learning on this CPU (docs/experiments/real-model.md): the weights above, GRPO with
+# SAGC+ on reasoning-gym's basic_arithmetic; held-out accuracy at step 0 (the base model) and
+# every train.eval_every steps. Rerunning resumes the run in runs/real/smollm2-arith.
+SAGC_JAX_CACHE ?= $(HOME)/.cache/sagc-jax
+REAL_MODEL := $(SAGC_JAX_CACHE)/models/SmolLM2-135M-Instruct
+real-train: real-model
+	$(VENV)/bin/sagc-jax train --config configs/real/smollm2-arith.yaml \
+		--set model.hf_checkpoint=$(REAL_MODEL) --set logging.run_dir=runs/real/smollm2-arith
 
 # The simulator study of the calibrated workload (no model, a few seconds).
 simulate: $(STAMP)
