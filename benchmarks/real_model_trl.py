@@ -15,8 +15,11 @@ GRPO loss (per-sequence token mean, advantages scaled by the group std; TRL `los
 `scale_rewards="group"`), one optimizer update per step (TRL: per-device batch = prompts x G,
 `gradient_accumulation_steps=1` = sagc-jax's `train.minibatches`, `num_iterations=1`), no LoRA,
 float32 weights and compute, and the same reward: `sagc_jax.tasks.reasoning_gym.score` of the
-completion text (the dataset's `score_answer` of the last `<answer>...</answer>`). sagc-jax runs
-every step's update even when every advantage is 0 (`train.skip_no_signal=false`), as TRL does.
+completion text (the dataset's `score_answer` of the last `<answer>...</answer>`, or with
+`--rg-answer final`, the default, of the final answer when there are no tags). By default the
+task is the learning run's (docs/experiments/real-model.md): `basic_arithmetic`, two terms.
+sagc-jax runs every step's update even when every advantage is 0 (`train.skip_no_signal=false`),
+as TRL does.
 
 Each side runs in its own subprocess, one after the other (sagc-jax first), so its peak RSS
 (`os.wait4`'s `ru_maxrss` of that child) is its own.
@@ -65,8 +68,10 @@ from pathlib import Path
 from grpo_step import Timing, _fmt, _lengths_summary, _versions
 
 DEFAULT_MODEL = Path.home() / ".cache" / "sagc-jax" / "models" / "SmolLM2-135M-Instruct"
+# the task of the learning run (configs/real/smollm2-arith.yaml, docs/experiments/real-model.md)
 DEFAULT_RG_CONFIG = (
-    '{"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2, "allow_negation": false}'
+    '{"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2, "operators": ["+", "-"], '
+    '"allow_parentheses": false, "allow_negation": false}'
 )
 EPS, MAX_GRAD_NORM = 0.2, 1.0
 
@@ -78,7 +83,15 @@ def _parse():
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--model", default=str(DEFAULT_MODEL), help="Hugging Face model dir")
-    parser.add_argument("--rg-dataset", default="chain_sum", help="reasoning-gym dataset name")
+    parser.add_argument(
+        "--rg-dataset", default="basic_arithmetic", help="reasoning-gym dataset name"
+    )
+    parser.add_argument(
+        "--rg-answer",
+        choices=("tags", "final"),
+        default="final",
+        help="data.rg_answer: where the reward reads the answer (default: %(default)s)",
+    )
     parser.add_argument(
         "--rg-config", default=DEFAULT_RG_CONFIG, help="its keyword arguments, JSON"
     )
@@ -87,7 +100,7 @@ def _parse():
     parser.add_argument("--max-new-tokens", type=int, default=128, help="completion cap")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per side")
     parser.add_argument("--warmup", type=int, default=1, help="untimed first steps per side")
-    parser.add_argument("--lr", type=float, default=1e-6, help="AdamW learning rate")
+    parser.add_argument("--lr", type=float, default=5e-6, help="AdamW learning rate")
     parser.add_argument(
         "--threads", type=int, default=0, help="torch intra-op threads (default: usable cores)"
     )
@@ -128,6 +141,7 @@ def sagc_config(args, run_dir: str):
         "data.task=reasoning_gym",
         f"data.rg_dataset={args.rg_dataset}",
         f"data.rg_config={args.rg_config}",
+        f"data.rg_answer={args.rg_answer}",
         f"data.seed={args.seed}",
         f"sampling.max_new_tokens={args.max_new_tokens}",
         "sampling.temperature=1.0",
