@@ -217,12 +217,14 @@ def test_the_commands_without_config_are_the_ones_the_docs_name():
     parser = cli.build_parser()
     commands = parser._subparsers._group_actions[0].choices
     without = sorted(n for n, p in commands.items() if "--config" not in p._option_string_actions)
-    assert without == ["export", "report", "tokenizer"]
+    assert without == ["export", "fetch-model", "report", "tokenizer"]
     doc = " ".join(cli.__doc__.split())
-    assert "Every subcommand but ``report RUN``, ``export RUN OUT`` and ``tokenizer`` takes" in doc
+    said = "Every subcommand but ``report RUN``, ``export RUN OUT``, ``tokenizer`` and "
+    assert said + "``fetch-model`` takes" in doc
     readme = " ".join((ROOT / "README.md").read_text().split())
     said = (
-        "Every subcommand but `report RUN`, `export RUN OUT` and `tokenizer` takes `--config FILE`"
+        "Every subcommand but `report RUN`, `export RUN OUT`, `tokenizer` and `fetch-model` takes "
+        "`--config FILE`"
     )
     assert said in readme
 
