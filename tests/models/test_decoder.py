@@ -150,6 +150,49 @@ def test_remat_gives_same_logits_and_gradients(tiny, policy):
     chex.assert_trees_all_close(g_plain, g_remat, rtol=1e-7, atol=1e-6)
 
 
+def _backward_temp_bytes(cfg: DecoderConfig, rows: int, length: int) -> int:
+    """Temporary bytes of the compiled gradient of ``cfg``'s forward (``memory_analysis``)."""
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
+
+    def loss(params, tokens_bt):
+        return jnp.sum(nnx.merge(graphdef, params)(tokens_bt) ** 2)
+
+    tokens = jax.ShapeDtypeStruct((rows, length), jnp.int32)
+    compiled = jax.jit(jax.grad(loss)).lower(abstract, tokens).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA CPU's scheduler")
+def test_remat_full_keeps_about_one_layer_input_per_layer():
+    """What each more layer adds to the compiled backward with remat full: its input and little
+    else. XLA CPU's default (breadth-first) scheduler put each layer's recomputation beside its
+    forward, so the update kept every layer's activations (24 layer inputs a layer here, as many
+    as without remat); sagc_jax sets XLA_FLAGS to the depth-first scheduler (about 2)."""
+    cfg = DecoderConfig(
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=384,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        remat="full",
+        attention="einsum",
+    )
+    rows, length = 8, 64
+    layer_input = rows * length * cfg.hidden_size * 4  # float32 [B, T, D]
+    per_layer = {
+        remat: (
+            _backward_temp_bytes(cfg.replace(num_layers=4, remat=remat), rows, length)
+            - _backward_temp_bytes(cfg.replace(num_layers=2, remat=remat), rows, length)
+        )
+        / 2
+        / layer_input
+        for remat in ("none", "full")
+    }
+    assert per_layer["full"] <= 4, per_layer
+    assert per_layer["full"] <= per_layer["none"] / 4, per_layer
+
+
 def test_every_parameter_has_one_logical_axis_name_per_dimension(tiny):
     _, model = tiny
     state = nnx.state(model, nnx.Param)
