@@ -14,7 +14,8 @@ warm-up, no weight decay, global-norm clip 1.0), beta 0 (no reference model), PP
 GRPO loss (per-sequence token mean, advantages scaled by the group std; TRL `loss_type="grpo"`,
 `scale_rewards="group"`), one optimizer update per step (TRL: per-device batch = prompts x G,
 `gradient_accumulation_steps=1` = sagc-jax's `train.minibatches`, `num_iterations=1`), no LoRA,
-float32 weights and compute, and the same reward: `sagc_jax.tasks.reasoning_gym.score` of the
+float32 weights and compute, each layer recomputed in the backward (`--remat full`, the
+default: sagc-jax `model.remat: full`, TRL `gradient_checkpointing=True`), and the same reward: `sagc_jax.tasks.reasoning_gym.score` of the
 completion text (the dataset's `score_answer` of the last `<answer>...</answer>`, or with
 `--rg-answer final`, the default, of the final answer when there are no tags). By default the
 task is the learning run's (docs/experiments/real-model.md): `basic_arithmetic`, two terms.
@@ -104,6 +105,14 @@ def _parse():
     parser.add_argument(
         "--threads", type=int, default=0, help="torch intra-op threads (default: usable cores)"
     )
+    parser.add_argument(
+        "--remat",
+        choices=("full", "none"),
+        default="full",
+        help="recompute each layer in the backward: sagc-jax model.remat, TRL "
+        "gradient_checkpointing (default: %(default)s, as the learning run; none keeps every "
+        "activation)",
+    )
     parser.add_argument("--side", choices=("both", "sagc", "trl"), default="both")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--child", choices=("sagc", "trl"), help=argparse.SUPPRESS)
@@ -138,6 +147,7 @@ def sagc_config(args, run_dir: str):
         "model.param_dtype=float32",
         "model.compute_dtype=float32",
         "model.lora_rank=0",
+        f"model.remat={args.remat}",
         "data.task=reasoning_gym",
         f"data.rg_dataset={args.rg_dataset}",
         f"data.rg_config={args.rg_config}",
@@ -301,7 +311,7 @@ def child_trl(args) -> dict:
             output_dir=out_dir,
             use_cpu=True,
             bf16=False,
-            gradient_checkpointing=False,
+            gradient_checkpointing=args.remat == "full",
             per_device_train_batch_size=rows_per_step,
             num_generations=args.group,
             gradient_accumulation_steps=1,
