@@ -174,7 +174,8 @@ def _what_next(cfg: Config, out_dir: Path) -> str:
         first, last = scored[0], scored[-1]
         lines.append(
             f"held-out accuracy: {first['eval/accuracy']:.3f} at step {first['step']} -> "
-            f"{last['eval/accuracy']:.3f} at step {last['step']} ({cfg.train.eval_size} prompts)"
+            f"{last['eval/accuracy']:.3f} at step {last['step']} "
+            f"({last.get('eval/prompts', cfg.train.eval_size)} prompts)"
         )
     steps = [
         (f"sagc-jax report {out_dir}", "summary and plots of the run"),

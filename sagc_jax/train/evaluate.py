@@ -81,6 +81,7 @@ def evaluate_policy(
         "eval/reward": float(rewards.mean()),
         "eval/length_mean": float(lengths.mean()),
         "eval/truncated_frac": float(gather_rows(r.truncated)[:rows].mean()),
+        "eval/prompts": count,
     }
     if not greedy:
         right_p = (rewards.reshape(count, samples) >= 1.0).sum(axis=1)
