@@ -63,11 +63,12 @@ STAGES = {
 
 # What the compiled backward pass holds beyond the residuals jax says it saves (``activations``),
 # as a share of them. XLA CPU's update of SmolLM2-135M (remat none, 16 rows x 168 tokens) held
-# 0.359 GiB of temporaries a layer against 0.205 GiB of residuals (0.75 more); the tiny demo
-# model's held little more than its residuals (tests/train/test_aot.py: within 0.8-1.2 of plan
-# needs at most 0.35). 0.3 keeps both within 1.3x (docs/scale-out.md, "Memory of a real model
-# on CPU").
-BACKWARD_TEMPS = 0.3
+# 0.359 GiB of temporaries a layer against 0.205 GiB of residuals (0.75 more) under its
+# breadth-first scheduler, 0.291 under the depth-first one sagc_jax sets; the tiny demo model's
+# holds little more than its residuals (tests/train/test_aot.py: within 0.8-1.2 of plan needs
+# at most 0.2 with the depth-first scheduler: its G = 4 update is at 0.81). One factor cannot
+# fit both (docs/scale-out.md, "Memory of a real model on CPU").
+BACKWARD_TEMPS = 0.2
 # float32 [tokens, vocab] buffers of the log-prob logits alive at once: the logits, their softmax
 # (or, chunked, the backward's recomputed logits) and their gradient.
 LOGIT_COPIES = 3
