@@ -15,12 +15,12 @@ GRPO loss (per-sequence token mean, advantages scaled by the group std; TRL `los
 `scale_rewards="group"`), one optimizer update per step (TRL: per-device batch = prompts x G,
 `gradient_accumulation_steps=1` = sagc-jax's `train.minibatches`, `num_iterations=1`), no LoRA,
 float32 weights and compute, each layer recomputed in the backward (`--remat full`, the
-default: sagc-jax `model.remat: full`, TRL `gradient_checkpointing=True`), and the same reward: `sagc_jax.tasks.reasoning_gym.score` of the
-completion text (the dataset's `score_answer` of the last `<answer>...</answer>`, or with
-`--rg-answer final`, the default, of the final answer when there are no tags). By default the
-task is the learning run's (docs/experiments/real-model.md): `basic_arithmetic`, two terms.
-sagc-jax runs every step's update even when every advantage is 0 (`train.skip_no_signal=false`),
-as TRL does.
+default: sagc-jax `model.remat: full`, TRL `gradient_checkpointing=True`), and the same reward:
+`sagc_jax.tasks.reasoning_gym.score` of the completion text (the dataset's `score_answer` of
+the last `<answer>...</answer>`, or with `--rg-answer final`, the default, of the final answer
+when there are no tags). By default the task is the learning run's
+(docs/experiments/real-model.md): `basic_arithmetic`, two terms. sagc-jax runs every step's
+update even when every advantage is 0 (`train.skip_no_signal=false`), as TRL does.
 
 Each side runs in its own subprocess, one after the other (sagc-jax first), so its peak RSS
 (`os.wait4`'s `ru_maxrss` of that child) is its own.
