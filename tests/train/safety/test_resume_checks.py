@@ -63,8 +63,8 @@ def test_a_gradient_spike_holds_checkpoints_back_and_names_the_restart_point(
 
     real_update = loop.Trainer._update
 
-    def scripted(self, batch, key):
-        metrics = real_update(self, batch, key)
+    def scripted(self, batch, key, has_signal):
+        metrics = real_update(self, batch, key, has_signal)
         step = self.step + 1  # the step being trained
         # (the tiny random policy's gradients are 0: its rewards do not vary; set the norms)
         metrics["grad_norm"] = 1000.0 if step == 5 else 1.0 + 0.1 * step
