@@ -94,6 +94,12 @@ class ModelConfig(Section):
         help="rematerialisation of each decoder layer in the backward pass: none keeps every "
         "activation, full recomputes the layer from its input, dots keeps the matmul outputs",
     )
+    scan_layers: bool = option(
+        False,
+        help="run the update's layers as one lax.scan over their weights stacked in the program "
+        "(a copy, and its gradient): one layer recomputed at a time whatever the compiler's "
+        "scheduler, which XLA CPU needs for model.remat to save memory",
+    )
     attention: str = option(
         "auto",
         choices=("auto", "einsum", "cudnn", "splash"),

@@ -39,6 +39,7 @@ from sagc_jax.train.policy import (
     build_tokenizer,
     load_run_params,
     preset_architecture,
+    run_settings,
 )
 from sagc_jax.train.safety.checkpoint import CheckpointStore, newest_verified_meta
 
@@ -122,13 +123,7 @@ def _architecture(cfg: Config, tokenizer) -> DecoderConfig:
     """The run's model (without adapters), as ``policy.build_model`` builds it."""
     m = cfg.model
     if m.hf_checkpoint:
-        return hf_architecture(
-            m.hf_checkpoint,
-            param_dtype=m.param_dtype,
-            compute_dtype=m.compute_dtype,
-            remat=m.remat,
-            attention=m.attention,
-        )
+        return hf_architecture(m.hf_checkpoint, **run_settings(cfg))
     return preset_architecture(cfg, tokenizer)
 
 

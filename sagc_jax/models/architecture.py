@@ -62,6 +62,7 @@ class DecoderConfig:
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
     remat: str = "none"  # "none", "full" (recompute each layer) or "dots" (keep matmul outputs)
+    scan_layers: bool = False  # the full forward's layers as one lax.scan over stacked weights
     attention: str = "auto"  # full-forward attention: "auto", "einsum", "cudnn" or "splash"
     bos_id: int | None = None
     eos_ids: tuple[int, ...] = ()

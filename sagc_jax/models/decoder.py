@@ -179,12 +179,43 @@ class Decoder(nnx.Module):
         if positions_bt is None:
             positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
         x_btd = self.embed(tokens_bt)
+        if self.config.scan_layers:
+            return self._scanned_layers(x_btd, positions_bt, segment_ids_bt, dropout_key)
         forward = _block_forward
         if self.config.remat != "none":
             forward = nnx.remat(_block_forward, policy=_REMAT_POLICY[self.config.remat])
         for i, block in enumerate(self.layers):
             key = None if dropout_key is None else jax.random.fold_in(dropout_key, i)
             x_btd = forward(block, x_btd, positions_bt, segment_ids_bt, key)
+        return x_btd
+
+    def _scanned_layers(self, x_btd, positions_bt, segment_ids_bt, dropout_key) -> jax.Array:
+        """The layers as one ``lax.scan`` over their weights stacked inside the program, each
+        iteration under ``jax.checkpoint`` with the remat policy (``scan_layers``, after
+        MaxText's).
+
+        Unrolled checkpointed layers leave the compiler free to schedule every layer's
+        recomputation at once (XLA CPU drops the barriers around them: 12.9 GiB of temporaries
+        for SmolLM2's remat-full update, 2.4 scanned; docs/scale-out.md); a scan runs one
+        layer's forward, and in the backward one layer's recomputation, at a time, whatever the
+        scheduler. The stacked weights are a copy made in the program (and their gradient
+        another): the layers' weights twice more, against every layer's recomputed values."""
+        graphdef, _ = nnx.split(self.layers[0])
+        stacked = jax.tree.map(
+            lambda *leaves: jnp.stack(leaves), *(nnx.split(block)[1] for block in self.layers)
+        )
+
+        def layer(x_btd, weights_and_index):
+            weights, i = weights_and_index
+            key = None if dropout_key is None else jax.random.fold_in(dropout_key, i)
+            block = nnx.merge(graphdef, weights)
+            return _block_forward(block, x_btd, positions_bt, segment_ids_bt, key), None
+
+        if self.config.remat != "none":
+            policy = _REMAT_POLICY[self.config.remat]
+            layer = jax.checkpoint(layer, policy=policy, prevent_cse=False)
+        index_l = jnp.arange(len(self.layers), dtype=jnp.uint32)
+        x_btd, _ = jax.lax.scan(layer, x_btd, (stacked, index_l))
         return x_btd
 
     def __call__(

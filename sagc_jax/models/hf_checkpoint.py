@@ -233,6 +233,7 @@ def load_hf_checkpoint(
     compute_dtype: str | None = None,
     remat: str = "none",
     attention: str = "auto",
+    scan_layers: bool = False,
 ) -> tuple[Decoder, DecoderConfig]:
     """Reads a local transformers directory (config.json + safetensors) into a `Decoder`.
 
@@ -247,6 +248,7 @@ def load_hf_checkpoint(
         compute_dtype=compute_dtype or dtype,
         remat=remat,
         attention=attention,
+        scan_layers=scan_layers,
     )
     graphdef, abstract_state = _abstract_model(cfg)
     flat = dict(nnx.to_flat_state(abstract_state))

@@ -41,7 +41,7 @@ from sagc_jax.sim.roofline import (
 from sagc_jax.sim.steptime import Engine, StepTimer
 from sagc_jax.tasks import CharTokenizer
 from sagc_jax.train.packing import resolve_pack_len
-from sagc_jax.train.policy import preset_architecture
+from sagc_jax.train.policy import preset_architecture, run_settings
 from sagc_jax.train.programs import batch_spec, packed_batch_spec, packed_rows_loss, rows_loss
 from sagc_jax.train.shapes import make_trainer_optimizer, prompts_for, update_settings
 
@@ -110,13 +110,8 @@ def architecture(cfg: Config) -> tuple[DecoderConfig, str]:
     """The model's shapes: the HF checkpoint's config.json if present, else the preset."""
     m = cfg.model
     if m.hf_checkpoint and (Path(m.hf_checkpoint) / "config.json").is_file():
-        arch = hf_architecture(  # a bad config.json: one line naming it
-            m.hf_checkpoint,
-            param_dtype=m.param_dtype,
-            compute_dtype=m.compute_dtype,
-            remat=m.remat,
-            attention=m.attention,
-        )
+        # a bad config.json: one line naming it
+        arch = hf_architecture(m.hf_checkpoint, **run_settings(cfg))
         return arch, f"{m.hf_checkpoint}/config.json"
     source = f"preset {m.preset}"
     if m.hf_checkpoint:

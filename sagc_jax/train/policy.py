@@ -39,13 +39,9 @@ def build_model(cfg: Config, tokenizer, seed: int) -> Decoder:
     """A fresh model: HF weights when model.hf_checkpoint is set, else a random preset."""
     m = cfg.model
     if m.hf_checkpoint:
-        model, _ = load_hf_checkpoint(
-            m.hf_checkpoint,
-            dtype=m.param_dtype,
-            compute_dtype=m.compute_dtype,
-            remat=m.remat,
-            attention=m.attention,
-        )
+        settings = run_settings(cfg)
+        dtype = settings.pop("param_dtype")
+        model, _ = load_hf_checkpoint(m.hf_checkpoint, dtype=dtype, **settings)
         return model
     return Decoder(preset_architecture(cfg, tokenizer), rngs=nnx.Rngs(seed))
 
@@ -100,6 +96,19 @@ def build_sharded_adapters(cfg: Config, base_arch: DecoderConfig, seed: int, pla
     return graphdef, init(), shardings, arch
 
 
+def run_settings(cfg: Config) -> dict:
+    """The `DecoderConfig` fields a run's ``model`` section sets over the architecture of its
+    checkpoint or preset: dtypes, remat, scanned layers, attention."""
+    m = cfg.model
+    return dict(
+        param_dtype=m.param_dtype,
+        compute_dtype=m.compute_dtype,
+        remat=m.remat,
+        scan_layers=m.scan_layers,
+        attention=m.attention,
+    )
+
+
 def preset_architecture(cfg: Config, tokenizer=None) -> DecoderConfig:
     """The architecture of ``model.preset`` with the configured dtypes and remat policy, and the
     tokenizer's special tokens (none given: the preset's, enough for shapes)."""
@@ -108,12 +117,7 @@ def preset_architecture(cfg: Config, tokenizer=None) -> DecoderConfig:
         arch: DecoderConfig = get_preset(m.preset)
     except (KeyError, ValueError) as err:
         raise ConfigError(f"model.preset = {m.preset!r}: {err}") from None
-    arch = arch.replace(
-        param_dtype=m.param_dtype,
-        compute_dtype=m.compute_dtype,
-        remat=m.remat,
-        attention=m.attention,
-    )
+    arch = arch.replace(**run_settings(cfg))
     if tokenizer is not None:
         eos = (tokenizer.eos_id,) if tokenizer.eos_id is not None else arch.eos_ids
         arch = arch.replace(bos_id=tokenizer.bos_id, eos_ids=eos)

@@ -16,6 +16,7 @@ from sagc_jax.models import (
     init_cache,
     num_params,
 )
+from sagc_jax.models.decoder import Block
 
 # Published parameter counts (tied embeddings counted once).
 PUBLISHED = {
@@ -135,19 +136,22 @@ def test_cached_prefill_and_decode_equal_full_forward_with_left_padding(tiny):
         np.testing.assert_allclose(got_tv, want_tv, atol=1e-5)
 
 
-@pytest.mark.parametrize("policy", ["full", "dots"])
-def test_remat_gives_same_logits_and_gradients(tiny, policy):
-    cfg = tiny[0].replace(num_layers=1)
+@pytest.mark.parametrize("scan_layers", [False, True])
+@pytest.mark.parametrize("policy", ["none", "full", "dots"])
+def test_remat_and_scanned_layers_give_same_logits_and_gradients(tiny, policy, scan_layers):
+    """Scanned over their stacked weights, each layer's gradient lands on its own weights, as
+    the unrolled layers' do."""
+    cfg = tiny[0].replace(num_layers=3)
     model = Decoder(cfg, rngs=nnx.Rngs(0))
-    remat_model = Decoder(cfg.replace(remat=policy), rngs=nnx.Rngs(0))
+    other = Decoder(cfg.replace(remat=policy, scan_layers=scan_layers), rngs=nnx.Rngs(0))
     tokens_bt = jnp.array([[1, 2, 3, 4, 5, 6]], jnp.int32)
 
     def loss(m):
         return jnp.mean(jax.nn.log_softmax(m(tokens_bt))[..., 7])
 
     g_plain = nnx.jit(nnx.grad(loss))(model)
-    g_remat = nnx.jit(nnx.grad(loss))(remat_model)
-    chex.assert_trees_all_close(g_plain, g_remat, rtol=1e-7, atol=1e-6)
+    g_other = nnx.jit(nnx.grad(loss))(other)
+    chex.assert_trees_all_close(g_plain, g_other, rtol=1e-6, atol=1e-6)
 
 
 def _backward_temp_bytes(cfg: DecoderConfig, rows: int, length: int) -> int:
@@ -167,7 +171,9 @@ def test_remat_full_keeps_about_one_layer_input_per_layer():
     """What each more layer adds to the compiled backward with remat full: its input and little
     else. XLA CPU's default (breadth-first) scheduler put each layer's recomputation beside its
     forward, so the update kept every layer's activations (24 layer inputs a layer here, as many
-    as without remat); sagc_jax sets XLA_FLAGS to the depth-first scheduler (about 2)."""
+    as without remat); sagc_jax sets XLA_FLAGS to the depth-first scheduler (about 2). Scanned,
+    one layer is recomputed at a time whatever the scheduler; each layer then also adds its
+    weights' copy in the stack and that copy's gradient."""
     cfg = DecoderConfig(
         vocab_size=256,
         hidden_size=128,
@@ -175,21 +181,31 @@ def test_remat_full_keeps_about_one_layer_input_per_layer():
         num_heads=4,
         num_kv_heads=2,
         head_dim=32,
-        remat="full",
         attention="einsum",
     )
     rows, length = 8, 64
     layer_input = rows * length * cfg.hidden_size * 4  # float32 [B, T, D]
+    block = nnx.eval_shape(lambda: Block(cfg, rngs=nnx.Rngs(0)))
+    layer_weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(block)))
+    variants = {
+        "none": (cfg, 0),
+        "full": (cfg.replace(remat="full"), 0),
+        "full, scanned": (cfg.replace(remat="full", scan_layers=True), 2 * layer_weights),
+    }
     per_layer = {
-        remat: (
-            _backward_temp_bytes(cfg.replace(num_layers=4, remat=remat), rows, length)
-            - _backward_temp_bytes(cfg.replace(num_layers=2, remat=remat), rows, length)
+        name: (
+            (
+                _backward_temp_bytes(arch.replace(num_layers=4), rows, length)
+                - _backward_temp_bytes(arch.replace(num_layers=2), rows, length)
+            )
+            / 2
+            - stacked
         )
-        / 2
         / layer_input
-        for remat in ("none", "full")
+        for name, (arch, stacked) in variants.items()
     }
     assert per_layer["full"] <= 4, per_layer
+    assert per_layer["full, scanned"] <= 4, per_layer
     assert per_layer["full"] <= per_layer["none"] / 4, per_layer
 
 
