@@ -10,7 +10,7 @@ import sys
 import threading
 
 import pytest
-from helpers import PYTHONPATH, ROOT, TINY
+from helpers import PEER_TIMEOUT_S, PYTHONPATH, ROOT, TINY
 from jax.errors import JaxRuntimeError
 
 from sagc_jax.config import ConfigError
@@ -198,7 +198,7 @@ def _two_processes(run_dir, crash_at=None, crashing=1):
         cmd = [sys.executable, "-m", "sagc_jax", "train"]
         cmd += [f"--set={o}" for o in [*RUN, f"logging.run_dir={run_dir}"]]
         cmd += [f"--coordinator=localhost:{port}", "--num-processes=2", f"--process-id={i}"]
-        cmd += ["--peer-timeout=2"]
+        cmd += [f"--peer-timeout={PEER_TIMEOUT_S}"]
         procs.append(
             subprocess.Popen(
                 cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -216,7 +216,8 @@ def test_a_killed_process_stops_the_survivor_with_one_line_and_the_rerun_resumes
     err = outs[0][1]
     assert codes == [EXIT_PEER_LOST, -signal.SIGKILL], err[-3000:]
     assert [line for line in err.splitlines() if line.strip()] == [
-        "train: process 1 of 2 stopped responding (no heartbeat for 2 s, --peer-timeout); the "
+        f"train: process 1 of 2 stopped responding (no heartbeat for {PEER_TIMEOUT_S} s, "
+        "--peer-timeout); the "
         f"last checkpoint is step 2 in {run_dir}/checkpoints; run the same command on every "
         "process to resume"
     ]

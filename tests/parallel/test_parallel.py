@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import PYTHONPATH, TINY
+from helpers import PEER_TIMEOUT_S, PYTHONPATH, TINY
 from jax.sharding import AbstractMesh, PartitionSpec
 
 from sagc_jax.config import ConfigError, MeshConfig, load_config
@@ -204,7 +204,7 @@ def _free_port() -> int:
 
 
 def _launch(run_dir, steps, processes, extra=(), crash_at=None, crashing=None):
-    """Start ``processes`` processes of one device each (and --peer-timeout 2); process
+    """Start ``processes`` processes of one device each (--peer-timeout PEER_TIMEOUT_S); process
     ``crashing`` gets SAGC_JAX_CRASH_AT=``crash_at``. Returns their exit codes and (stdout,
     stderr), once every process but a stopped one (``...:SIGSTOP``, then killed) has ended."""
     run = [*RUN, *extra, f"train.steps={steps}", f"logging.run_dir={run_dir}"]
@@ -216,7 +216,7 @@ def _launch(run_dir, steps, processes, extra=(), crash_at=None, crashing=None):
         if crash_at and i == crashing:
             env["SAGC_JAX_CRASH_AT"] = crash_at
         flags = [f"--coordinator=localhost:{port}", f"--num-processes={processes}"]
-        flags += [f"--process-id={i}", "--peer-timeout=2"]
+        flags += [f"--process-id={i}", f"--peer-timeout={PEER_TIMEOUT_S}"]
         procs.append(
             subprocess.Popen(
                 [*cmd, *flags], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -385,7 +385,9 @@ def test_three_processes_outlive_a_middle_rank_resume_and_train_like_one(tmp_pat
     )
     codes, outs = _launch(run_dir, 4, 3, three, crash_at="rollout:3", crashing=1)
     assert codes == [EXIT_PEER_LOST, -signal.SIGKILL, EXIT_PEER_LOST], outs[0][1][-3000:]
-    what = "process 1 of 3 stopped responding (no heartbeat for 2 s, --peer-timeout)"
+    what = (
+        f"process 1 of 3 stopped responding (no heartbeat for {PEER_TIMEOUT_S} s, --peer-timeout)"
+    )
     assert _lost_lines(run_dir, outs[0][1], what) and _lost_lines(run_dir, outs[2][1], what)
 
     outs = _train(run_dir, steps=4, processes=3, extra=three)
@@ -406,6 +408,8 @@ def test_a_stalled_coordinator_of_four_processes_ends_the_others_with_one_line(t
     extra = ("train.async_checkpoint=false",)
     codes, outs = _launch(run_dir, 4, 4, extra, crash_at="rollout:3:SIGSTOP", crashing=0)
     assert codes[1:] == [EXIT_PEER_LOST] * 3, outs[1][1][-3000:]
-    what = "process 0 of 4 (the jax.distributed coordinator) stopped answering (2 s, "
+    what = (
+        f"process 0 of 4 (the jax.distributed coordinator) stopped answering ({PEER_TIMEOUT_S} s, "
+    )
     what += "--peer-timeout)"
     assert all(_lost_lines(run_dir, err, what) for _, err in outs[1:]), outs[1][1][-3000:]
