@@ -99,6 +99,7 @@ class ModelConfig(Section):
         help="run the update's layers as one lax.scan over their weights stacked in the program "
         "(a copy, and its gradient): one layer recomputed at a time whatever the compiler's "
         "scheduler, which XLA CPU needs for model.remat to save memory",
+        resumable=True,
     )
     attention: str = option(
         "auto",
