@@ -15,17 +15,33 @@ per-token weights.
 
 from __future__ import annotations
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
 
+# How a step's per-token losses become one number (`loss_normalizer`'s denominators).
 AGGREGATIONS = ("seq_mean", "token_mean", "constant")
 
-# algorithm -> (aggregation, scale advantages by the group std)
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+    """A GRPO-family algorithm (``loss.algorithm``): how its loss aggregates tokens (one of
+    ``AGGREGATIONS``) and whether its advantages are divided by the group's reward std."""
+
+    name: str
+    aggregation: str
+    scale_by_std: bool
+
+
 ALGORITHMS = {
-    "grpo": ("seq_mean", True),
-    "dapo": ("token_mean", True),
-    "dr_grpo": ("constant", False),
+    a.name: a
+    for a in (
+        Algorithm("grpo", aggregation="seq_mean", scale_by_std=True),
+        Algorithm("dapo", aggregation="token_mean", scale_by_std=True),
+        Algorithm("dr_grpo", aggregation="constant", scale_by_std=False),  # Dr. GRPO
+    )
 }
 
 

@@ -135,7 +135,7 @@ class Trainer:
         if cfg.loss.kl_beta > 0 and self.base is None:
             copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=param_shardings)
             self.ref_params = copy(self.params)
-        self.scale_by_std = ALGORITHMS[cfg.loss.algorithm][1]
+        self.scale_by_std = ALGORITHMS[cfg.loss.algorithm].scale_by_std
         self.settings = update_settings(cfg)
         buckets = self.source.prompt_buckets
         self.batcher = UpdateBatcher(cfg, self.plan, buckets, self.settings.aggregation)

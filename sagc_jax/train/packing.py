@@ -36,9 +36,9 @@ import chex
 import numpy as np
 
 from sagc_jax.config import ConfigError
+from sagc_jax.rl.losses import AGGREGATIONS
 
 PACKED_KEYS = ("tokens", "positions", "segment_ids", "mask", "weight", "old_logp", "adv", "norm")
-AGGREGATIONS = ("seq_mean", "token_mean", "constant")
 
 
 def resolve_pack_len(pack_len: int, prompt_buckets, max_new_tokens: int) -> int:

@@ -109,7 +109,7 @@ def update_settings(cfg: Config) -> UpdateSettings:
     """The static settings of the update program for ``cfg``."""
     t = cfg.train
     return UpdateSettings(
-        aggregation=ALGORITHMS[cfg.loss.algorithm][0],
+        aggregation=ALGORITHMS[cfg.loss.algorithm].aggregation,
         eps_low=cfg.loss.eps_low,
         eps_high=cfg.loss.eps_high,
         kl_beta=cfg.loss.kl_beta,

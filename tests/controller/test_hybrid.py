@@ -578,7 +578,10 @@ def test_a_mixed_size_step_equals_its_groups_computed_one_by_one(algorithm):
     from sagc_jax.rl import ALGORITHMS, group_advantages, loss_normalizer, policy_loss
     from sagc_jax.train.loop import Trainer
 
-    aggregation, scale_by_std = ALGORITHMS[algorithm]
+    aggregation, scale_by_std = (
+        ALGORITHMS[algorithm].aggregation,
+        ALGORITHMS[algorithm].scale_by_std,
+    )
     rng = np.random.default_rng(0)
     sizes_p = np.array([4, 2, 8, 2])
     n, t = int(sizes_p.sum()), 6

@@ -133,7 +133,8 @@ def test_defaults():
     print(f"tunix-conventions: versions {versions}")
     ours = LossConfig()
     assert (ours.algorithm, ours.eps_low, ours.eps_high, ours.kl_beta) == ("grpo", 0.2, 0.2, 0.0)
-    assert ALGORITHMS["grpo"] == ("seq_mean", True) and ALGORITHMS["dapo"] == ("token_mean", True)
+    assert (ALGORITHMS["grpo"].aggregation, ALGORITHMS["grpo"].scale_by_std) == ("seq_mean", True)
+    assert (ALGORITHMS["dapo"].aggregation, ALGORITHMS["dapo"].scale_by_std) == ("token_mean", True)
     grpo = grpo_learner.GRPOConfig()
     assert (grpo.loss_agg_mode, grpo.epsilon, grpo.beta, grpo.kl_loss_mode) == (
         "sequence-mean-token-mean",
