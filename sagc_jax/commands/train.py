@@ -65,10 +65,11 @@ def cmd_train(args: argparse.Namespace) -> int:
             return _peer_lost_line({"dir": named if named and named.is_dir() else None}, what)
 
         return supervisor.rerun_supervised(args.argv, args.num_processes, line)
+    from sagc_jax.parallel.distributed import run_rank
     from sagc_jax.train.safety.faults import received
 
     run: dict = {}  # the run directory and the trainer, once they exist
-    return supervisor.run_rank(
+    return run_rank(
         lambda: _train(cfg, args, run),
         lambda what: _peer_lost_line(run, what),
         coordinator=args.coordinator,

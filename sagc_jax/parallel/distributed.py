@@ -363,3 +363,41 @@ def watch_peers(timeout_s: float, report: Callable[[str], str]) -> PeerWatch | N
     if state.client is None or state.num_processes == 1:
         return None
     return PeerWatch(state.client, state.process_id, state.num_processes, timeout_s, report).start()
+
+
+def run_rank(
+    train: Callable[[], int],
+    report: Callable[[str], str],
+    *,
+    coordinator: str | None,
+    num_processes: int | None,
+    process_id: int | None,
+    peer_timeout: float,
+    stopped: Callable[[], bool],
+    bad_input: Callable[[], tuple[type[Exception], ...]],
+) -> int:
+    """``train()`` as one process of the run (or the only one): jax.distributed started before
+    any device use; the other processes watched (one that dies, stops or fails ends this one
+    with the line ``report(what)`` and :data:`EXIT_PEER_LOST`); this process's own end left for
+    them to read. ``stopped()``: whether a stop signal has arrived (an error then means STOPPED,
+    not FAILED); an error of a ``bad_input()`` type is this process's own, raised without
+    waiting to hear of the others."""
+    initialize(coordinator, num_processes, process_id, peer_timeout)
+    watch = watch_peers(peer_timeout, report)
+    mark = FAILED  # what the other processes learn of this one's end
+    try:
+        code = train()
+        mark = DONE
+        return code
+    except Exception as err:
+        if stopped():
+            mark = STOPPED  # main() ends this process at once
+        elif watch is not None and not isinstance(err, bad_input()):
+            watch.explain()  # exits when another process died, stopped or failed
+        raise
+    except BaseException:  # Interrupted: main() ends this process at once
+        mark = STOPPED
+        raise
+    finally:
+        if watch is not None:
+            watch.finish(mark)

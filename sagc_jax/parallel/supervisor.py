@@ -18,7 +18,8 @@ it is; the child's exit code becomes the parent's (a signal death is repeated on
 
 ``sagc-jax train`` uses it in two steps: :func:`should_supervise` tells the parent to rerun its
 own command under :func:`supervise` (:func:`rerun_supervised`); the child trains through
-:func:`run_rank`, which starts jax.distributed and watches the other processes.
+:func:`sagc_jax.parallel.distributed.run_rank`, which starts jax.distributed and watches the
+other processes.
 """
 
 from __future__ import annotations
@@ -131,43 +132,3 @@ def rerun_supervised(
     if num_processes is None and (env := os.environ.get("JAX_NUM_PROCESSES", "")).isdigit():
         num_processes = int(env)
     return supervise([sys.executable, "-m", "sagc_jax", *argv], num_processes, line)
-
-
-def run_rank(
-    train: Callable[[], int],
-    report: Callable[[str], str],
-    *,
-    coordinator: str | None,
-    num_processes: int | None,
-    process_id: int | None,
-    peer_timeout: float,
-    stopped: Callable[[], bool],
-    bad_input: Callable[[], tuple[type[Exception], ...]],
-) -> int:
-    """``train()`` as one process of the run (or the only one): jax.distributed started before
-    any device use; the other processes watched (one that dies, stops or fails ends this one
-    with the line ``report(what)`` and :data:`EXIT_PEER_LOST`); this process's own end left for
-    them to read. ``stopped()``: whether a stop signal has arrived (an error then means STOPPED,
-    not FAILED); an error of a ``bad_input()`` type is this process's own, raised without
-    waiting to hear of the others."""
-    from sagc_jax.parallel.distributed import DONE, FAILED, STOPPED, initialize, watch_peers
-
-    initialize(coordinator, num_processes, process_id, peer_timeout)
-    watch = watch_peers(peer_timeout, report)
-    mark = FAILED  # what the other processes learn of this one's end
-    try:
-        code = train()
-        mark = DONE
-        return code
-    except Exception as err:
-        if stopped():
-            mark = STOPPED  # main() ends this process at once
-        elif watch is not None and not isinstance(err, bad_input()):
-            watch.explain()  # exits when another process died, stopped or failed
-        raise
-    except BaseException:  # Interrupted: main() ends this process at once
-        mark = STOPPED
-        raise
-    finally:
-        if watch is not None:
-            watch.finish(mark)
