@@ -95,7 +95,7 @@ test-fast: $(DEV_STAMP)
 # against an uninterrupted one. `make soak SOAK_FLAGS="--minutes 2 --tiny --steps 3"`: a quick try.
 SOAK_FLAGS ?=
 soak: $(STAMP)
-	$(PY) benchmarks/soak.py $(SOAK_FLAGS)
+	$(PY) tests/soak.py $(SOAK_FLAGS)
 
 lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check sagc_jax tests benchmarks

@@ -36,12 +36,13 @@ TINY = [
 ]
 
 
-# A dataset task on a file of a few rows, its prompts as written: no held-out split (the
-# evaluation reads the first training rows) and no chat template.
 # --peer-timeout of the tests' multi-process runs: far above any stall a loaded CI host gives a
 # live process (2 s once ended a healthy rerun at load 5, its coordinator's answers late), so
 # only a real death or stop trips it; the tests assert the line, not the time it took.
 PEER_TIMEOUT_S = 15
+
+# A dataset task on a file of a few rows, its prompts as written: no held-out split (the
+# evaluation reads the first training rows) and no chat template.
 RAW_ROWS = ["data.eval_split=0", "data.chat_template=false"]
 
 

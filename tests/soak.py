@@ -63,7 +63,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -79,6 +78,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from helpers import tree_digest  # tests/ is this file's folder: sys.path[0]
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "demo.yaml"
@@ -176,16 +177,6 @@ def leftovers(run_dir: Path) -> list[str]:
     finally:
         store.close()
     return found
-
-
-def tree_digest(path: Path) -> str:
-    """Hash of every file under ``path`` (names and bytes)."""
-    h = hashlib.sha256()
-    for p in sorted(path.rglob("*")):
-        if p.is_file():
-            h.update(str(p.relative_to(path)).encode())
-            h.update(p.read_bytes())
-    return h.hexdigest()
 
 
 def final_state(run_dir: Path, step: int) -> tuple[dict, dict]:
