@@ -43,6 +43,7 @@ from sagc_jax.train.hooks import (
     RewardStallNotice,
     SpikeGuard,
 )
+from sagc_jax.train.host_memory import trim_after_compiles
 from sagc_jax.train.lora_base import base_identity
 from sagc_jax.train.metrics import MetricsWriter, StepResult, read_metrics, step_record, summarize
 from sagc_jax.train.policy import (
@@ -91,6 +92,7 @@ class Trainer:
         run's checkpoints and a resume from them, the metrics writer."""
         if cfg.train.compilation_cache_dir:
             jax.config.update("jax_compilation_cache_dir", cfg.train.compilation_cache_dir)
+        trim_after_compiles()
         self.plan = ShardingPlan.from_config(cfg.mesh)
         self.source = make_source(
             cfg,
