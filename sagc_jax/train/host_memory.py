@@ -34,8 +34,10 @@ _MALLOC_TRIM = _malloc_trim()
 
 
 def release() -> None:
-    """Hand the heap's free pages back to the system (``malloc_trim(0)``)."""
-    _MALLOC_TRIM(0)
+    """Hand the heap's free pages back to the system (``malloc_trim(0)``; without glibc,
+    nothing)."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def _after(event: str, duration_s: float, **_) -> None:
