@@ -85,7 +85,7 @@ def test_compile_ahead_compiles_every_candidate_once(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["sagc", "sagc_plus"])
+@pytest.mark.parametrize("kind", ["sagc", "sagc_plus", "sagc_value"])
 def test_resume_continues_exactly(tmp_path, kind):
     overrides = [
         *TINY,
