@@ -27,17 +27,19 @@ budget allows (docs/controller.md, "The value-aware controller"):
 - **Cost**: the modeled seconds of a step at each rung, ``step_seconds(lengths_pg)`` (the
   trainer and the simulator give the roofline step-time model of ``sim/steptime.py``, rollouts
   compacting plus the update), on the lengths the controller sees: the played step's own, and
-  for a smaller rung the step's chunks of ``G'`` rollouts (a step at ``G'``, in distribution);
-  a larger rung keeps its last measurement, raised to at least the step's lengths repeated to
-  ``G'`` per group (a lower bound: the same longest completion, more rows), which is also its
-  first estimate, so an unplayed rung looks cheap and gets tried when the budget allows it.
-  Forgotten by ``gamma`` per step.
+  for a smaller rung the step's chunks of ``G'`` rollouts (a step at ``G'``, in distribution).
+  Step times swing with the step's prompts far more than their ratios between rungs do, and only
+  the ratios decide, so the controller learns the ratio of each rung's time to the rung below
+  from steps that timed both (forgotten by ``gamma``). A rung above the played one is timed on
+  the step's lengths repeated to ``G'`` per group (a lower bound: the same longest completion,
+  more rows); that bound's ratio counts as one pseudo-step in every ratio, so a rung never
+  played, or not played for a while, looks cheap and is tried when the budget allows it.
 - **Decision**: ``k* = argmax_{k <= ceiling} v_k / seconds_k``; it is played when it beats the
   ceiling's signal per second by more than ``min_gain`` (relative), otherwise the ceiling.
   Before any reward is seen, or when ``rewards_pg`` is never given, it is SAGC+ exactly.
 
 Deterministic (no random generator); ``state_dict()`` holds SAGC+'s state and the signal
-counts, the success moments and the step-time estimates. ``step_seconds`` is configuration,
+counts, the success moments and the step-time ratios. ``step_seconds`` is configuration,
 not state: give the restored controller the same one.
 """
 
@@ -102,8 +104,10 @@ class SAGCValueController(SAGCPlusController):
         self.groups = np.zeros(k)  # effective groups, per rung
         # success model: decayed [groups, sum share, sum share^2, sum 1/G, successes, rollouts]
         self.success = np.zeros(6)
-        self.seconds = np.zeros(k)  # estimated modeled seconds of a step, per rung
-        self.timed = np.zeros(k)  # effective measurements behind each estimate (0: a bound)
+        # log step seconds: [0] of the smallest rung, [k] of rung k over rung k - 1
+        self.log_ratio = np.zeros(k)
+        self.timed = np.zeros(k)  # effective steps behind each entry of log_ratio
+        self.log_bound = np.zeros(k)  # the same, of the last step's lower bounds
         self.ceiling = self.rung  # SAGC+'s rung at the last decision
 
     # ------------------------------------------------------------------ estimates
@@ -133,20 +137,25 @@ class SAGCValueController(SAGCPlusController):
         mean_k = (m0 * model_k + self.signal) / (m0 + self.groups)
         return isotonic_increasing(mean_k.tolist(), (self.groups + m0).tolist())
 
+    def seconds(self) -> np.ndarray:
+        """Estimated modeled seconds of a step at each rung (0 before any step); ``[K]``."""
+        if self.timed[0] <= 0.0:
+            return np.zeros(len(self.candidates))
+        w = self.timed
+        return np.exp(np.cumsum((w * self.log_ratio + self.log_bound) / (w + 1.0)))
+
     def signal_per_second(self) -> np.ndarray:
-        """``v(G) / seconds(G)`` per rung (0 where no step time is known yet); ``[K]``."""
+        """``v(G) / seconds(G)`` per rung (0 before any step); ``[K]``."""
         v_k = self.signal_probability() * (1.0 - 1.0 / self.sizes_k)
-        out = np.zeros_like(v_k)
-        known = self.seconds > 0.0
-        out[known] = v_k[known] / self.seconds[known]
-        return out
+        seconds = self.seconds()
+        return v_k / seconds if self.timed[0] > 0.0 else np.zeros_like(v_k)
 
     # ------------------------------------------------------------------ decisions
 
     def _decide(self) -> int:
         ceiling = self.candidates.index(super()._decide())
         self.ceiling = ceiling
-        if self.step == 0 or self.success[0] <= 0.0 or self.seconds[ceiling] <= 0.0:
+        if self.step == 0 or self.success[0] <= 0.0:
             return self.candidates[ceiling]  # no signal seen yet: SAGC+
         rate_k = self.signal_per_second()[: ceiling + 1].tolist()
         best = max(range(ceiling + 1), key=lambda k: (rate_k[k], k))
@@ -194,28 +203,32 @@ class SAGCValueController(SAGCPlusController):
             **metrics,
             "ceiling_group_size": self.candidates[self.ceiling],
             "signal": self.signal_probability(),
-            "step_seconds": self.seconds.copy(),
+            "step_seconds": self.seconds(),
         }
 
     def _learn_seconds(self, lengths_pg: np.ndarray) -> None:
-        """Step-time estimates: the played rung and every smaller one measured (chunks), every
-        larger one at least the lengths repeated to its size."""
+        """Step-time ratios between adjacent rungs from this step's lengths: measured where
+        both rungs are at most the played G (its chunks), a lower bound above it."""
         gamma = self.value.gamma
         g = lengths_pg.shape[1]
-        for k, g_k in enumerate(self.candidates):
+        log_t = []
+        for g_k in self.candidates:
             if g_k <= g:
                 chunks = min(g // g_k, _MAX_CHUNKS)
                 t = sum(
                     self.step_seconds(lengths_pg[:, c * g_k : (c + 1) * g_k]) for c in range(chunks)
                 )
-                t /= chunks
-                w = gamma * self.timed[k]
-                self.seconds[k] = (w * self.seconds[k] + t) / (w + 1.0)
-                self.timed[k] = w + 1.0
+                log_t.append(math.log(max(t / chunks, 1e-12)))
             else:
-                bound = self.step_seconds(np.tile(lengths_pg, (1, math.ceil(g_k / g)))[:, :g_k])
-                self.timed[k] *= gamma
-                self.seconds[k] = max(self.seconds[k], bound)
+                tiled = np.tile(lengths_pg, (1, math.ceil(g_k / g)))[:, :g_k]
+                log_t.append(math.log(max(self.step_seconds(tiled), 1e-12)))
+        log_r = np.diff(log_t, prepend=0.0)
+        self.log_bound = log_r
+        self.timed *= gamma
+        measured = self.sizes_k <= g
+        w = self.timed[measured]
+        self.log_ratio[measured] = (w * self.log_ratio[measured] + log_r[measured]) / (w + 1.0)
+        self.timed[measured] = w + 1.0
 
     # ------------------------------------------------------------------ state
 
@@ -225,13 +238,14 @@ class SAGCValueController(SAGCPlusController):
             "signal": self.signal.copy(),
             "groups": self.groups.copy(),
             "success": self.success.copy(),
-            "seconds": self.seconds.copy(),
+            "log_ratio": self.log_ratio.copy(),
             "timed": self.timed.copy(),
+            "log_bound": self.log_bound.copy(),
             "ceiling": self.ceiling,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        for key in ("signal", "groups", "success", "seconds", "timed"):
+        for key in ("signal", "groups", "success", "log_ratio", "timed", "log_bound"):
             setattr(self, key, np.array(state[key], dtype=np.float64))
         self.ceiling = int(state["ceiling"])

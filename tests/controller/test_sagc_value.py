@@ -78,7 +78,7 @@ def test_signal_counts_every_smaller_rung_through_chunks():
     np.testing.assert_allclose(c.signal, [0.5, 1.0, 2.0])
     np.testing.assert_allclose(c.groups, [4.0, 4.0, 4.0])
     # rows of 4 cost 1 + 16/64 s; the played rung's own step: 1 + 64/64
-    np.testing.assert_allclose(c.seconds, [1.25, 1.5, 2.0])
+    np.testing.assert_allclose(c.seconds(), [1.25, 1.5, 2.0])
 
 
 def test_a_cut_group_gives_no_signal_evidence():
@@ -334,7 +334,7 @@ def test_the_trainer_gives_it_rewards_and_the_step_time_model(tmp_path, extra):
     ctrl = trainer.controller
     assert isinstance(ctrl, SAGCValueController) and ctrl.step == 3
     assert ctrl.step_seconds is not decode_slots  # the sim section's roofline
-    assert ctrl.success[0] > 0 and np.all(ctrl.seconds > 0)  # rewards and step times seen
+    assert ctrl.success[0] > 0 and np.all(ctrl.seconds() > 0)  # rewards and step times seen
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in lines if "group_size" in r]
     assert len(steps) == 3
