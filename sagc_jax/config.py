@@ -44,6 +44,7 @@ __all__ = [
     "ModelConfig",
     "SAGCConfig",
     "SAGCPlusConfig",
+    "SAGCValueConfig",
     "SFTConfig",
     "SamplingConfig",
     "TrainConfig",
@@ -247,12 +248,13 @@ HYBRID_MODES = ("step", "per_prompt")
 def parse_controller_spec(spec: str) -> tuple[str, int | str | None]:
     """A controller spec string as ``(kind, argument)``; anything else is a ConfigError.
 
-    ``'sagc'`` -> ("sagc", None); ``'sagc_plus'`` -> ("sagc_plus", None); ``'fixed:8'`` ->
+    ``'sagc'`` -> ("sagc", None); ``'sagc_plus'`` -> ("sagc_plus", None); ``'sagc_value'`` ->
+    ("sagc_value", None); ``'fixed:8'`` ->
     ("fixed", 8); ``'hybrid'`` -> ("hybrid", None) (the mode of ``controller.hybrid.mode``);
     ``'hybrid:step'`` -> ("hybrid", "step"); ``'hybrid:per_prompt'`` -> ("hybrid", "per_prompt").
     """
     kind, sep, arg = spec.partition(":")
-    if kind in ("sagc", "sagc_plus") and not sep:
+    if kind in ("sagc", "sagc_plus", "sagc_value") and not sep:
         return kind, None
     if kind == "fixed" and arg.isdigit() and int(arg) >= 1:
         return "fixed", int(arg)
@@ -261,7 +263,8 @@ def parse_controller_spec(spec: str) -> tuple[str, int | str | None]:
     if kind == "hybrid" and arg in HYBRID_MODES:
         return "hybrid", arg
     raise ConfigError(
-        f"controller spec {spec!r} is not allowed; use 'sagc', 'sagc_plus', 'fixed:<G>' with "
+        f"controller spec {spec!r} is not allowed; use 'sagc', 'sagc_plus', 'sagc_value', "
+        f"'fixed:<G>' with "
         f"G >= 1, "
         f"'hybrid', 'hybrid:step' or 'hybrid:per_prompt'"
     )
@@ -384,6 +387,37 @@ class SAGCPlusConfig(Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class SAGCValueConfig(Section):
+    """Knobs of the value-aware controller (``controller.kind: sagc_value``; docs/controller.md):
+    what a group of G is worth, learned from the step's rewards, and how its step time is
+    estimated. It keeps SAGC+'s straggler budget with SAGC+'s own knobs
+    (``controller.sagc_plus``). See ``sagc_jax/controller/sagc_value.py``.
+    """
+
+    _prefix = "controller.sagc_value."
+    gamma: float = option(
+        0.8,
+        gt=0.0,
+        le=1.0,
+        help="per-step forgetting of the signal counts, the success model and the step times",
+    )
+    prior_strength: float = option(
+        8.0,
+        gt=0.0,
+        help="pseudo-groups of the success model in each rung's estimate of P(signal)",
+    )
+    min_gain: float = option(
+        0.05,
+        ge=0.0,
+        help="a rung below SAGC+'s is played only if its signal per second beats SAGC+'s rung's "
+        "by this relative margin",
+    )
+    success_threshold: float = option(
+        0.5, help="a rollout counts as a success in the success model when its reward exceeds this"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class ControllerConfig(Section):
     """Which group-size controller runs (the paper's SAGC, SAGC+ the improved SAGC, the
     prompt-aware hybrid or a fixed G baseline), and the straggler budget every one of them
@@ -394,8 +428,9 @@ class ControllerConfig(Section):
     _prefix = "controller."
     kind: str = option(
         "sagc_plus",
-        choices=("sagc", "sagc_plus", "hybrid", "fixed"),
-        help="sagc: the paper's SAGC; sagc_plus: SAGC+ (docs/controller.md); hybrid: "
+        choices=("sagc", "sagc_plus", "sagc_value", "hybrid", "fixed"),
+        help="sagc: the paper's SAGC; sagc_plus: SAGC+ (docs/controller.md); sagc_value: SAGC+'s "
+        "budget, G chosen for learning signal per modeled second; hybrid: "
         "prompt-aware; fixed: controller.group_size every step",
     )
     group_size: int = option(8, ge=1, help="G of the fixed baseline (kind: fixed)")
@@ -424,6 +459,7 @@ class ControllerConfig(Section):
     )
     sagc: SAGCConfig = dataclasses.field(default_factory=SAGCConfig)
     sagc_plus: SAGCPlusConfig = dataclasses.field(default_factory=SAGCPlusConfig)
+    sagc_value: SAGCValueConfig = dataclasses.field(default_factory=SAGCValueConfig)
     hybrid: HybridConfig = dataclasses.field(default_factory=HybridConfig)
 
     def check(self) -> None:
@@ -854,6 +890,11 @@ class Config(Section):
                         f"tail_batching.enabled = true does not combine with {what}; turn one "
                         f"of them off"
                     )
+        if c.kind == "sagc_value" and t.batch_mode != "prompts":
+            raise ConfigError(
+                "controller.kind = 'sagc_value' needs train.batch_mode = prompts: it weighs "
+                "P groups at each G, and batch_mode = budget changes P with G"
+            )
         if c.kind == "hybrid":
             if t.batch_mode != "prompts":
                 raise ConfigError(

@@ -169,12 +169,18 @@ def test_the_controllers_share_the_budget_and_own_their_knobs():
     controller's own knobs come from its own section, and no knob name has two defaults."""
     import dataclasses
 
-    from sagc_jax.config import ControllerConfig, HybridConfig, SAGCConfig, SAGCPlusConfig
+    from sagc_jax.config import (
+        ControllerConfig,
+        HybridConfig,
+        SAGCConfig,
+        SAGCPlusConfig,
+        SAGCValueConfig,
+    )
     from sagc_jax.controller import make_controller
 
     shared = ["controller.candidates=[2,4,8,16]", "controller.tau=2.5", "controller.scope=batch"]
     cfg = load_config(None, [*shared, "controller.delta=0.2", "controller.g_init=4"]).controller
-    for spec in ("sagc", "sagc_plus", "hybrid", "hybrid:per_prompt"):
+    for spec in ("sagc", "sagc_plus", "sagc_value", "hybrid", "hybrid:per_prompt"):
         ctrl = make_controller(spec, cfg)
         assert (ctrl.candidates, ctrl.tau, ctrl.scope) == ((2, 4, 8, 16), 2.5, "batch"), spec
         assert (ctrl.delta, ctrl.candidates[ctrl.rung]) == (0.2, 4), spec  # g_init
@@ -188,7 +194,7 @@ def test_the_controllers_share_the_budget_and_own_their_knobs():
     assert make_controller("sagc_plus", cfg).plus.trial_gamma == 0.5
 
     defaults: dict[str, set] = {}
-    for cls in (ControllerConfig, SAGCConfig, SAGCPlusConfig, HybridConfig):
+    for cls in (ControllerConfig, SAGCConfig, SAGCPlusConfig, SAGCValueConfig, HybridConfig):
         for f in dataclasses.fields(cls):
             if f.default is not dataclasses.MISSING:  # the subsections have factories
                 defaults.setdefault(f.name, set()).add(repr(f.default))

@@ -336,6 +336,29 @@ def _g_bounds(controller: str, candidates: tuple[int, ...]) -> tuple[float, floa
     return (size, size) if kind == "fixed" else (min(candidates), max(candidates))
 
 
+def _plot_pareto(plt, save, per_run, controllers, seeds, timer) -> None:
+    """``pareto.png``: each controller's final held-out accuracy against its modeled time (the
+    sampler's regime, ``REGIMES[0]``), mean and 95% CI over seeds on both axes: a controller is
+    dominated by another that is both more accurate and cheaper."""
+    regime = REGIMES[0]
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    for c in controllers:
+        seconds, accuracy = [], []
+        for s in range(seeds):
+            steps, evals = per_run[(c, s)]
+            seconds.append(float(modeled_step_seconds(steps, timer)[regime].sum()))
+            accuracy.append(_last_accuracy(evals))
+        (x, x_half, _), (y, y_half, _) = mean_ci(seconds), mean_ci(accuracy)
+        ax.errorbar(x, y, xerr=x_half or None, yerr=y_half or None, fmt="o", capsize=3, label=c)
+    ax.set(
+        xlabel=f"modeled seconds, {timer.label}, {regime}",
+        ylabel="final held-out accuracy",
+        title=f"Accuracy against modeled time (mean, 95% CI over {seeds} seeds)",
+    )
+    ax.legend(fontsize=8)
+    save(fig, "pareto.png")
+
+
 def plot_study(
     per_run: dict,
     controllers: list[str],
@@ -348,10 +371,11 @@ def plot_study(
 ):
     """PNGs of the study (mean line and 95% CI band over seeds, clipped to the quantity's range:
     ``_band``): held-out accuracy against wall-clock and against modeled time (both rollout
-    regimes), G and lambda over steps, the posterior mean per candidate, the straggler rate and
-    mean group max/median ratio over steps, and for prompt-aware controllers their predicted
-    against observed straggler rate per step. ``candidates`` and ``delta`` are the study's
-    ``controller`` ladder and straggler budget: the posterior's legend names each
+    regimes), final accuracy against modeled time per controller (``pareto.png``, the
+    frontier), G and lambda over steps, the posterior mean per candidate, the straggler rate
+    and mean group max/median ratio over steps, and for prompt-aware controllers their
+    predicted against observed straggler rate per step. ``candidates`` and ``delta`` are the
+    study's ``controller`` ladder and straggler budget: the posterior's legend names each
     candidate's G, and ``delta`` is drawn on the plots of straggling and posterior means."""
     plt, save, paths = figure_writer(out_dir)
 
@@ -376,6 +400,7 @@ def plot_study(
         ax.set(xlabel=f"modeled seconds, {timer.label}", title=f"Against modeled time, {regime}")
     axes[0].legend(fontsize=8)
     save(fig, "accuracy_vs_time.png")
+    _plot_pareto(plt, save, per_run, controllers, seeds, timer)
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
     for c in controllers:

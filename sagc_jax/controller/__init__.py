@@ -1,6 +1,6 @@
 """Host-side group-size controllers (numpy only; never imports jax)."""
 
-from sagc_jax.config import HybridConfig, SAGCConfig, SAGCPlusConfig
+from sagc_jax.config import HybridConfig, SAGCConfig, SAGCPlusConfig, SAGCValueConfig
 from sagc_jax.controller.allocation import allocate
 from sagc_jax.controller.base import GroupController
 from sagc_jax.controller.factory import make_controller
@@ -17,6 +17,7 @@ from sagc_jax.controller.predictor import StragglePredictor
 from sagc_jax.controller.prompt_stats import PromptStats
 from sagc_jax.controller.sagc import SAGCController
 from sagc_jax.controller.sagc_plus import SAGCPlusController
+from sagc_jax.controller.sagc_value import SAGCValueController
 
 __all__ = [
     "FixedGroupController",
@@ -28,6 +29,8 @@ __all__ = [
     "SAGCController",
     "SAGCPlusConfig",
     "SAGCPlusController",
+    "SAGCValueConfig",
+    "SAGCValueController",
     "StragglePredictor",
     "allocate",
     "check_ragged_lengths",

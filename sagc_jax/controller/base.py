@@ -38,6 +38,7 @@ class GroupController(abc.ABC):
     """
 
     prompt_aware = False
+    reward_aware = False  # True: observe() also takes the step's rewards (rewards_pg)
 
     def __init__(self, candidates: tuple[int, ...], tau: float, scope: str) -> None:
         self.candidates = tuple(int(g) for g in candidates)
@@ -63,27 +64,42 @@ class GroupController(abc.ABC):
         observation ``s_t``, ``finished_pg`` bool ``[P, G]`` of a cut step or None); return extra
         metrics."""
 
+    def _learn_rewards(self, rewards_pg: np.ndarray, finished_pg: np.ndarray | None) -> None:
+        """Learn from the step's rewards (float64 ``[P, G]``; ``finished_pg`` bool or None),
+        before :meth:`_learn` sees its lengths; only controllers with ``reward_aware``."""
+        return None  # the others learn from lengths alone
+
     def propose(self) -> int:
         """The G for the next step; repeated calls before :meth:`observe` return the same G."""
         if self._pending is None:
             self._pending = int(self._decide())
         return self._pending
 
-    def observe(self, lengths_pg, finished_pg=None) -> dict[str, Any]:
+    def observe(self, lengths_pg, finished_pg=None, rewards_pg=None) -> dict[str, Any]:
         """Record the step that used the proposed G and return its metrics.
 
         ``lengths_pg``: integer array ``[num_groups, G]`` of response lengths. ``finished_pg``:
         bool ``[num_groups, G]``, False where the step stopped the rollout first (its length is
-        the tokens it reached, a lower bound); None or all True: every length is exact. Raises
-        RuntimeError if nothing was proposed, ValueError if the group size is not the proposed G
-        or ``finished_pg`` does not match the lengths. With ``finished_pg`` given the metrics
-        add ``censored_groups``, ``censored_stragglers`` (certain) and ``censored_unknown``.
+        the tokens it reached, a lower bound); None or all True: every length is exact.
+        ``rewards_pg``: float ``[num_groups, G]``, the rollouts' raw rewards; read only by a
+        controller with ``reward_aware`` (the others ignore it). Raises RuntimeError if nothing
+        was proposed, ValueError if the group size is not the proposed G or ``finished_pg`` or
+        ``rewards_pg`` does not match the lengths. With ``finished_pg`` given the metrics add
+        ``censored_groups``, ``censored_stragglers`` (certain) and ``censored_unknown``.
         """
         if self._pending is None:
             raise RuntimeError("observe() called before propose(); call propose() for the step")
         arr = check_lengths(lengths_pg, expected_group_size=self._pending)
         finished = check_finished(finished_pg, arr.shape)
         g = self._pending
+        if rewards_pg is not None and self.reward_aware:
+            rewards = np.asarray(rewards_pg, dtype=np.float64)
+            if rewards.shape != arr.shape:
+                raise ValueError(
+                    f"rewards_pg has shape {list(rewards.shape)}; it must match the lengths' "
+                    f"{list(arr.shape)}"
+                )
+            self._learn_rewards(rewards, finished)
         if finished is None:
             ratios_p = group_ratios(arr)
             s_t = observation_from_ratios(arr, ratios_p, self.tau, self.scope)

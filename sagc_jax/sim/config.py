@@ -50,7 +50,8 @@ class SimConfig(Section):
     )
     controllers: tuple[str, ...] = option(
         ("fixed:4", "fixed:8", "fixed:16", "sagc", "sagc_plus"),
-        help="controller specs to compare: 'fixed:G', 'sagc', 'sagc_plus', 'hybrid', "
+        help="controller specs to compare: 'fixed:G', 'sagc', 'sagc_plus', 'sagc_value' (its "
+        "rewards: the workload's successes), 'hybrid', "
         "'hybrid:per_prompt'",
     )
     max_new_tokens: int = option(8192, ge=1, help="length cap of a completion (tokens)")
@@ -69,6 +70,13 @@ class SimConfig(Section):
     tail_df: float = option(3.0, gt=0.0, help="Student-t degrees of freedom; inf = Gaussian")
     success_mean: float = option(
         0.4, ge=0.0, le=1.0, help="mean success probability of a prompt (Beta)"
+    )
+    success_mean_end: float | None = option(
+        None,
+        ge=0.0,
+        le=1.0,
+        help="mean success probability of a fresh prompt at the last step, linear from "
+        "success_mean (the policy learns); null: constant",
     )
     success_concentration: float = option(
         1.5,

@@ -50,6 +50,13 @@ TAIL_COLUMNS = [
     ("queue_left", "waiting at the end", "{:d}"),
 ]
 
+# a workload with rewards (the synthetic one): the share of groups with a GRPO advantage (their
+# rewards not all equal) and how many such groups a modeled hour buys (compacting)
+SIGNAL_COLUMNS = [
+    ("signal_share", "groups with signal", "{:.3f}"),
+    ("signal_groups_per_h", f"groups with signal per modeled h ({REGIMES[0]})", "{:.0f}"),
+]
+
 # lambda of the plots: the paper's SAGC logs its multiplier, SAGC+ its linear program's price
 PRICE_TITLE = "Straggler price (sagc: multiplier; sagc_plus: LP)"
 REFERENCE = "fixed:16"
@@ -81,6 +88,8 @@ def format_table(
     cols = list(_columns(timed, reference)) + (
         [("bootstrapped_steps", "bootstrapped steps", "{:d}")] if bootstrapped else []
     )
+    if rows and "signal_share" in rows[0]:
+        cols += SIGNAL_COLUMNS
     if rows and "deferred_share" in rows[0]:
         cols += TAIL_COLUMNS
     lines = [

@@ -37,6 +37,7 @@ class SimRun:
     bootstrapped_steps: int = 0
     calibration: dict | None = None  # prompt-aware controllers: predicted vs observed straggle
     tail: dict | None = None  # tail batching: per step arrays (see run_tail_batched)
+    signal_share: np.ndarray | None = None  # float [T]: groups whose rewards differ (rewards)
 
     def summary(self) -> dict:
         """One row of the comparison table: modeled hours in each rollout regime (``REGIMES``;
@@ -55,6 +56,16 @@ class SimRun:
             "padding_waste": float(self.padding_waste.mean()),
             "bootstrapped_steps": self.bootstrapped_steps,
             **(tail_summary(self.tail) if self.tail is not None else {}),
+            **(self._signal_summary(primary) if self.signal_share is not None else {}),
+        }
+
+    def _signal_summary(self, hours_s: float) -> dict:
+        """Mean share of groups with a GRPO advantage, and such groups per modeled hour of the
+        first regime (``hours_s``: its seconds)."""
+        groups = float((self.signal_share * self.num_sequences / self.group_size).sum())
+        return {
+            "signal_share": float(self.signal_share.mean()),
+            "signal_groups_per_h": groups / (hours_s / 3600.0) if hours_s else 0.0,
         }
 
 
@@ -73,7 +84,9 @@ def tail_summary(tail: dict) -> dict:
 
 
 def _play_step(controller: GroupController, workload, t: int):
-    """Decide, generate and observe step ``t``; ``(sizes_p, lengths_b, prompt_tokens, metrics)``."""
+    """Decide, generate and observe step ``t``; ``(sizes_p, lengths_b, prompt_tokens, metrics)``;
+    a uniform step of a workload with rewards adds ``signal_share`` to the metrics (groups whose
+    rewards are not all equal)."""
     ids_p, tokens_p = workload.prompts(t)
     if controller.prompt_aware:
         decision = controller.propose_for(ids_p, tokens_p)
@@ -83,7 +96,14 @@ def _play_step(controller: GroupController, workload, t: int):
         g = int(decision)
         lengths_pg = workload.lengths(t, g)
         sizes_p = np.full(lengths_pg.shape[0], g, dtype=np.int64)
-        metrics = controller.observe(lengths_pg)
+        rewards_pg = workload.rewards(t, g) if hasattr(workload, "rewards") else None
+        if controller.reward_aware and rewards_pg is not None:  # a replay has no rewards
+            metrics = controller.observe(lengths_pg, rewards_pg=rewards_pg)
+        else:
+            metrics = controller.observe(lengths_pg)
+        if rewards_pg is not None:
+            varied = rewards_pg.max(axis=1) > rewards_pg.min(axis=1)
+            metrics = {**metrics, "signal_share": float(varied.mean())}
         lengths_b = lengths_pg.ravel()
     else:  # a size per prompt: the first sizes[p] completions of each prompt
         sizes_p = np.asarray(decision, dtype=np.int64)
@@ -114,6 +134,7 @@ def run_controller(name: str, controller: GroupController, workload, timer: Step
     hist["mean_len"] = np.zeros(steps)
     num_sequences = np.zeros(steps, dtype=np.int64)
     posterior = np.full((steps, k), np.nan)
+    signal = np.full(steps, np.nan)
     ratios = []
     bootstrapped = 0
     for t in range(steps):
@@ -133,6 +154,7 @@ def run_controller(name: str, controller: GroupController, workload, timer: Step
         hist["mean_len"][t] = m["mean_length"]
         if m.get("posterior_mean") is not None:
             posterior[t] = m["posterior_mean"]
+        signal[t] = m.get("signal_share", np.nan)
         ratios.append(m["group_ratios"])
     return SimRun(
         name=name,
@@ -151,6 +173,7 @@ def run_controller(name: str, controller: GroupController, workload, timer: Step
         num_sequences=num_sequences,
         bootstrapped_steps=int(bootstrapped),
         calibration=controller.calibration() if controller.prompt_aware else None,
+        signal_share=None if np.isnan(signal).any() else signal,
     )
 
 
@@ -214,7 +237,10 @@ def run_tail_batched(
             tokens_p = fresh.prompts(drawn)[1]
             groups_r = np.repeat(np.arange(start), g)
             _, reached_r, done_r, kept_g = roofline.cut_step(lengths_pg, groups_r, num, slots)
-            m = controller.observe(reached_r.reshape(start, g), done_r.reshape(start, g))
+            rewards_pg = fresh.rewards_at(drawn, t, g) if controller.reward_aware else None
+            m = controller.observe(
+                reached_r.reshape(start, g), done_r.reshape(start, g), rewards_pg
+            )
             times = timer(lengths_pg, np.repeat(tokens_p, g), keep_groups=num)
             queue.extend((drawn, int(row), t) for row in np.flatnonzero(~kept_g))
             rec["started"][t], rec["deferred"][t] = start, start - num
@@ -255,14 +281,14 @@ def run_tail_batched(
 def compare(cfg: Config, workload, timer: StepTimer) -> list[SimRun]:
     """Run every controller of ``cfg.sim.controllers`` over the same workload (tail-batched
     when ``tail_batching.enabled``; ``run_tail_batched``)."""
+    seconds = timer.step_seconds(cfg.sim.prompt_tokens)  # what sagc_value weighs
+
+    def controller(spec: str) -> GroupController:
+        return make_controller(spec, cfg.controller, step_seconds=seconds)
+
     if cfg.tail_batching.enabled:
         return [
-            run_tail_batched(
-                spec, make_controller(spec, cfg.controller), workload, timer, cfg.tail_batching
-            )
+            run_tail_batched(spec, controller(spec), workload, timer, cfg.tail_batching)
             for spec in cfg.sim.controllers
         ]
-    return [
-        run_controller(spec, make_controller(spec, cfg.controller), workload, timer)
-        for spec in cfg.sim.controllers
-    ]
+    return [run_controller(spec, controller(spec), workload, timer) for spec in cfg.sim.controllers]

@@ -145,6 +145,16 @@ class StepTimer:
         }
         return StepTime(**rollout, update=update)
 
+    def step_seconds(self, prompt_tokens: int, regime: str = "compacting"):
+        """A function of a step's lengths ``[P, G]`` giving its modeled seconds, rollouts in
+        ``regime`` plus the update: the cost the value-aware controller weighs."""
+
+        def seconds(lengths_pg) -> float:
+            step = self(lengths_pg, prompt_tokens)
+            return float(getattr(step, regime) + step.update)
+
+        return seconds
+
     def update_of(self, lengths, prompt_tokens) -> float:
         """Seconds of the update on completions of ``lengths`` [B] (prompts ``prompt_tokens``,
         an int or [B])."""

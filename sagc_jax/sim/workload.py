@@ -65,7 +65,26 @@ class SyntheticWorkload:
     def lengths_at(self, prompt_step: int, step: int, group_size: int) -> np.ndarray:
         """``lengths(prompt_step, G)``'s prompts and completions at the drift of ``step`` (a
         tail-batched run draws its prompts ahead of its steps: long rounds take none)."""
-        return self._draw(prompt_step, step, None, group_size, (self.cfg.seed, prompt_step))
+        return self._draw(prompt_step, step, None, group_size, (self.cfg.seed, prompt_step))[0]
+
+    def rewards(self, step: int, group_size: int) -> np.ndarray:
+        """float64 ``[P, G]``: 1 where completion i of prompt p of ``lengths(step, G)``
+        succeeded, else 0 (the same draws: a failed completion is the longer one)."""
+        return self.rewards_at(step, step, group_size)
+
+    def rewards_at(self, prompt_step: int, step: int, group_size: int) -> np.ndarray:
+        """The rewards of ``lengths_at(prompt_step, step, G)``."""
+        key = (self.cfg.seed, prompt_step)
+        return self._draw(prompt_step, step, None, group_size, key)[1]
+
+    def success_mean_at(self, step: int) -> float:
+        """Mean success probability of a fresh prompt: linear from success_mean to
+        success_mean_end (if set: the policy learns)."""
+        end = self.cfg.success_mean_end
+        if end is None:
+            return self.cfg.success_mean
+        frac = step / max(1, self.cfg.steps - 1)
+        return self.cfg.success_mean + (end - self.cfg.success_mean) * frac
 
     def redraw(self, step: int, origin_step: int, rows, group_size: int) -> np.ndarray:
         """int64 ``[len(rows), group_size]``: prompts ``rows`` of step ``origin_step``'s draw
@@ -73,17 +92,20 @@ class SyntheticWorkload:
         length scale, success probability and straggle tendency, the drift is the one of
         ``step`` and the completions are new draws."""
         key = (self.cfg.seed, _REDRAW_KEY, step, origin_step)
-        return self._draw(origin_step, step, np.asarray(rows, np.int64), group_size, key)
+        return self._draw(origin_step, step, np.asarray(rows, np.int64), group_size, key)[0]
 
-    def _draw(self, prompt_step: int, step: int, rows, group_size: int, key) -> np.ndarray:
-        """Lengths of the prompts of ``prompt_step`` (``rows`` of them, None: all) at the drift
-        of ``step``, completion i drawn from the stream ``key + (1 + i,)``."""
+    def _draw(
+        self, prompt_step: int, step: int, rows, group_size: int, key
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(lengths int64, rewards float64)`` ``[P, G]`` of the prompts of ``prompt_step``
+        (``rows`` of them, None: all) at the drift of ``step``, completion i drawn from the
+        stream ``key + (1 + i,)``."""
         cfg = self.cfg
         sigma, runaway = self.group_sigma_at(step), cfg.runaway_prob
         if self.pool is None:
             prompt_rng = _rng(cfg.seed, prompt_step, 0)
             z_p = prompt_rng.standard_normal(cfg.prompts_per_step)
-            success_p = self._success(prompt_rng, cfg.prompts_per_step)
+            success_p = self._success(prompt_rng, cfg.prompts_per_step, prompt_step)
         else:
             ids = self.pool.ids_at(prompt_step, cfg.prompts_per_step)
             z_p, success_p = self.pool.z_p[ids], self.pool.success_p[ids]
@@ -95,6 +117,7 @@ class SyntheticWorkload:
             runaway = runaway[rows] if runaway.ndim else runaway
         log_scale_p = np.log(self.median_at(step)) + cfg.prompt_sigma * z_p
         lengths_gp = np.empty((group_size, z_p.size), dtype=np.int64)
+        rewards_gp = np.empty((group_size, z_p.size))
         for i in range(group_size):  # one stream per completion index: common random numbers
             rng = _rng(*key, 1 + i)
             if np.isinf(cfg.tail_df):
@@ -107,15 +130,17 @@ class SyntheticWorkload:
             raw = raw * np.where(failed, cfg.failure_length_ratio, 1.0)
             length = np.minimum(np.ceil(raw), cfg.max_new_tokens)
             lengths_gp[i] = np.where(runaway_p, cfg.max_new_tokens, np.maximum(length, 1))
-        return lengths_gp.T.copy()
+            rewards_gp[i] = ~failed & ~runaway_p  # a runaway loop is cut off: no answer
+        return lengths_gp.T.copy(), rewards_gp.T.copy()
 
-    def _success(self, rng: np.random.Generator, num: int) -> np.ndarray:
-        """Per-prompt success probability, Beta with mean ``success_mean``."""
+    def _success(self, rng: np.random.Generator, num: int, step: int = 0) -> np.ndarray:
+        """Per-prompt success probability, Beta with mean ``success_mean_at(step)``."""
         cfg = self.cfg
-        if cfg.success_mean in (0.0, 1.0):
-            return np.full(num, cfg.success_mean)
-        a = cfg.success_mean * cfg.success_concentration
-        b = (1.0 - cfg.success_mean) * cfg.success_concentration
+        mean = self.success_mean_at(step)
+        if mean in (0.0, 1.0):
+            return np.full(num, mean)
+        a = mean * cfg.success_concentration
+        b = (1.0 - mean) * cfg.success_concentration
         return rng.beta(a, b, size=num)
 
 

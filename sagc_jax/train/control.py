@@ -49,17 +49,20 @@ def observe(
     controller: GroupController, rounds: list[Rollouts]
 ) -> tuple[dict[str, Any], np.ndarray]:
     """The controller sees every process's lengths of every round: (its stats, lengths);
-    the hybrid also their groups' sizes, prompt ids and raw rewards."""
+    the value-aware controller also their raw rewards, the hybrid their groups' sizes, prompt
+    ids and raw rewards."""
     every = Rollouts.concat(rounds)
     lengths = gather_rows(every.lengths)
     sizes_p = gather_rows(every.group_sizes)
     if not controller.prompt_aware:
         lengths_pg = lengths.reshape(len(sizes_p), -1)
-        if every.cut is None:
-            return controller.observe(lengths_pg), lengths
-        # tail batching: a cut rollout's length is a lower bound
-        finished_pg = ~gather_rows(every.cut).reshape(lengths_pg.shape)
-        return controller.observe(lengths_pg, finished_pg=finished_pg), lengths
+        rewards_pg = None
+        if controller.reward_aware:  # sagc_value: the raw rewards, every round's groups
+            rewards_pg = gather_rows(every.rewards).reshape(lengths_pg.shape)
+        finished_pg = None
+        if every.cut is not None:  # tail batching: a cut rollout's length is a lower bound
+            finished_pg = ~gather_rows(every.cut).reshape(lengths_pg.shape)
+        return controller.observe(lengths_pg, finished_pg, rewards_pg), lengths
     ids_p = gather_rows(np.array([p.id for p in every.prompts], np.int64))
     ctrl = controller.observe(
         lengths, group_sizes=sizes_p, prompt_ids=ids_p, rewards=gather_rows(every.rewards)

@@ -26,7 +26,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from sagc_jax.config import Config
-from sagc_jax.controller import make_controller
 from sagc_jax.models import lora
 from sagc_jax.parallel import ShardingPlan, any_process, gather_rows, is_leader
 from sagc_jax.rl import ALGORITHMS, group_advantages
@@ -46,6 +45,7 @@ from sagc_jax.train.hooks import (
 from sagc_jax.train.host_memory import trim_after_compiles
 from sagc_jax.train.lora_base import base_identity
 from sagc_jax.train.metrics import MetricsWriter, StepResult, read_metrics, step_record, summarize
+from sagc_jax.train.plan import run_controller
 from sagc_jax.train.policy import (
     build_sharded_adapters,
     build_sharded_policy,
@@ -102,7 +102,7 @@ class Trainer:
         )
         self.tokenizer = self.source.tokenizer
         data_id = data_identity(cfg)  # the files as read: checkpoints record it
-        self.controller = make_controller(cfg.controller)
+        self.controller = run_controller(with_resolved_buckets(cfg, self.source))
         self.tail = None  # on-policy tail batching: its deferred queue and data cursor
         if cfg.tail_batching.enabled:
             self.tail = TailBatcher(cfg.tail_batching, jax.process_count())

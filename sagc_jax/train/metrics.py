@@ -137,6 +137,10 @@ def _controller_metrics(ctrl: dict[str, Any], controller: GroupController) -> di
         record["controller/posterior_mean"] = ctrl["posterior_mean"]
     if "slack" in ctrl:  # SAGC+: the budget slack that moves G between its two rungs
         record["controller/slack"] = ctrl["slack"]
+    if "signal" in ctrl:  # sagc_value: what a group of each G is worth, what a step costs
+        record["controller/signal"] = ctrl["signal"]
+        record["controller/step_seconds"] = ctrl["step_seconds"]
+        record["controller/ceiling_group_size"] = ctrl["ceiling_group_size"]
     if controller.prompt_aware:
         # the step's mean predicted straggle (made before sampling) beside the observed s_t,
         # and the running calibration of every group so far

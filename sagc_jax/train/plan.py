@@ -165,6 +165,18 @@ def step_timer(cfg: Config, padded_width: int, max_new_tokens: int | None = None
     )
 
 
+def run_controller(cfg: Config):
+    """The run's controller (``controller.*``); ``sagc_value`` weighs the modeled seconds of a
+    step at each G by ``cfg.sim``'s step-time model (compacting rollouts plus the update, the
+    prompts at the largest prompt bucket: ``cfg`` with its buckets resolved)."""
+    step_seconds = None
+    if cfg.controller.kind == "sagc_value":
+        prompt = max(cfg.sampling.prompt_buckets)
+        timer = step_timer(cfg, prompt + cfg.sampling.max_new_tokens)
+        step_seconds = timer.step_seconds(prompt)
+    return make_controller(cfg.controller, step_seconds=step_seconds)
+
+
 def _shard_bytes(x, logical, mesh: AbstractMesh, rules=RULES) -> int:
     """Bytes of one device's piece of ``x`` when its dimensions have the ``logical`` names."""
     spec = ax.mesh_spec(tuple(logical), x.shape, mesh, rules)

@@ -219,6 +219,8 @@ def test_study_plots_keep_bands_in_range_and_name_candidates(tmp_path, monkeypat
 
     accuracy = figures["accuracy_vs_time.png"].axes
     assert all(band_limits(ax) == (0.0, 1.0) for ax in accuracy)
+    (pareto_ax,) = figures["pareto.png"].axes  # final accuracy against modeled time, with CIs
+    assert legend_labels(pareto_ax) == controllers
     g_ax, lam_ax = figures["group_size_lambda.png"].axes
     assert band_limits(g_ax) == (4.0, 16.0)  # the ladder's range, not -9..25
     sagc_g = next(line for line in g_ax.get_lines() if line.get_label() == "sagc")

@@ -268,8 +268,12 @@ def _group_sizes(run_dir):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "extra",
-    [(), ("controller.kind=hybrid", "data.prompt_pool=8")],  # hybrid: step mode, prompt ids
-    ids=["sagc", "hybrid"],
+    [
+        (),
+        ("controller.kind=hybrid", "data.prompt_pool=8"),  # hybrid: step mode, prompt ids
+        ("controller.kind=sagc_value",),  # every process's rewards, gathered
+    ],
+    ids=["sagc", "hybrid", "sagc_value"],
 )
 def test_two_processes_train_like_one(tmp_path, extra):
     one, two = tmp_path / "one", tmp_path / "two"

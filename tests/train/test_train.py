@@ -85,7 +85,7 @@ def test_compile_ahead_compiles_every_candidate_once(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["sagc", "sagc_plus"])
+@pytest.mark.parametrize("kind", ["sagc", "sagc_plus", "sagc_value"])
 def test_resume_continues_exactly(tmp_path, kind):
     overrides = [
         *TINY,
@@ -351,6 +351,7 @@ def test_compare_and_report_commands(tmp_path, capsys, monkeypatch):
         "compare.csv",
         "runs.csv",
         "accuracy_vs_time.png",
+        "pareto.png",
         "group_size_lambda.png",
         "posterior_mean.png",
         "straggler_ratio.png",

@@ -1,0 +1,251 @@
+"""The value-aware controller: SAGC+'s straggler budget, G chosen for learning signal per second.
+
+SAGC and SAGC+ maximise ``log2 G`` under the straggler budget: they assume a larger group is
+always worth more and learn only what it costs. This controller (``controller.kind:
+sagc_value``) also learns what a group of G is worth, from the rewards of the step, and plays
+the rung with the most learning signal per second of modeled step time among the rungs SAGC+'s
+budget allows (docs/controller.md, "The value-aware controller"):
+
+- **Budget: SAGC+'s.** It is a :class:`SAGCPlusController`: the same straggle counts, tail
+  model, slack and rung logic (``controller.sagc_plus``). Each step SAGC+'s choice is the
+  *ceiling*; only that rung or a smaller one is played. Straggling cannot fall as G grows, so a
+  smaller rung never spends more of the budget than SAGC+'s own choice.
+- **Signal of a group of G**: ``v(G) = P_nz(G) (1 - 1/G)``. ``P_nz(G)``, the probability that
+  a group's rewards are not all equal, is the chance that it has any GRPO advantage at all (a
+  group whose rewards are equal contributes no gradient); ``1 - 1/G`` is what the group's size
+  adds to the expected policy gradient of a prompt with a group-mean baseline (each rollout's
+  own reward is in its baseline: ``E[(r_i - mean r) grad log pi_i] = (1 - 1/G) grad J``).
+  With dense rewards ``P_nz`` is near 1 at every rung and ``v`` grows little with G; with sparse
+  ones (success rate p: ``P_nz = 1 - p^G - (1-p)^G``) a larger group is the only way to get any.
+- **P_nz learned as SAGC+ learns straggling**: every kept group of a step is one trial of its
+  rung and, through its consecutive chunks of ``G'`` rollouts (i.i.d. given the prompt), of
+  every smaller rung; counts forgotten by ``gamma`` per step. A success model, a Beta
+  distribution of per-prompt success rates fitted by moments to the groups' success shares
+  (``reward > success_threshold``; pooled mean with half a success of prior), gives each rung
+  ``prior_strength`` pseudo-groups of ``1 - E[p^G] - E[(1-p)^G]``, the only evidence a rung
+  above the played one has; the estimate is then made non-decreasing in G.
+- **Cost**: the modeled seconds of a step at each rung, ``step_seconds(lengths_pg)`` (the
+  trainer and the simulator give the roofline step-time model of ``sim/steptime.py``, rollouts
+  compacting plus the update), on the lengths the controller sees: the played step's own, and
+  for a smaller rung the step's chunks of ``G'`` rollouts (a step at ``G'``, in distribution).
+  Step times swing with the step's prompts far more than their ratios between rungs do, and only
+  the ratios decide, so the controller learns the ratio of each rung's time to the rung below
+  from steps that timed both (forgotten by ``gamma``). A rung above the played one is timed on
+  the step's lengths repeated to ``G'`` per group (a lower bound: the same longest completion,
+  more rows); that bound's ratio counts as one pseudo-step in every ratio, so a rung never
+  played, or not played for a while, looks cheap and is tried when the budget allows it.
+- **Decision**: ``k* = argmax_{k <= ceiling} v_k / seconds_k``; it is played when it beats the
+  ceiling's signal per second by more than ``min_gain`` (relative), otherwise the ceiling.
+  Before any reward is seen, or when ``rewards_pg`` is never given, it is SAGC+ exactly.
+
+Deterministic (no random generator); ``state_dict()`` holds SAGC+'s state and the signal
+counts, the success moments and the step-time ratios. ``step_seconds`` is configuration,
+not state: give the restored controller the same one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from sagc_jax.config import ControllerConfig, SAGCPlusConfig, SAGCValueConfig
+from sagc_jax.controller.sagc_plus import SAGCPlusController, isotonic_increasing
+
+StepSeconds = Callable[[np.ndarray], float]  # lengths [P, G] -> modeled seconds of the step
+
+_MAX_CHUNKS = 4  # chunks of a smaller rung timed per step: a few give its cost in distribution
+
+
+def decode_slots(lengths_pg: np.ndarray) -> float:
+    """The default cost when no step-time model is given: rows x the longest completion, the
+    decode slots of a synchronous rollout (only ratios between rungs matter)."""
+    return float(lengths_pg.size) * float(lengths_pg.max(initial=1))
+
+
+def beta_moment(mean: float, var: float, n: int) -> float:
+    """``E[p^n]`` for p with the given mean and variance, as a Beta distribution (var <= 0:
+    p = mean everywhere; var is kept below ``mean (1 - mean)``)."""
+    if var <= 0.0 or mean <= 0.0 or mean >= 1.0:
+        return mean**n
+    var = min(var, 0.999 * mean * (1.0 - mean))
+    conc = mean * (1.0 - mean) / var - 1.0
+    a, total = mean * conc, conc
+    out = 1.0
+    for i in range(n):
+        out *= (a + i) / (total + i)
+    return out
+
+
+class SAGCValueController(SAGCPlusController):
+    """SAGC+'s budget, G for signal per second; see the module docstring.
+
+    ``budget``: ``controller.*``; ``plus``: SAGC+'s knobs (``controller.sagc_plus``), which keep
+    the budget; ``value``: ``controller.sagc_value``; ``step_seconds``: modeled seconds of a
+    step from its lengths ``[P, G]`` (None: :func:`decode_slots`).
+    """
+
+    reward_aware = True
+
+    def __init__(
+        self,
+        budget: ControllerConfig | None = None,
+        plus: SAGCPlusConfig | None = None,
+        value: SAGCValueConfig | None = None,
+        step_seconds: StepSeconds | None = None,
+    ) -> None:
+        super().__init__(budget, plus)
+        self.value = value or SAGCValueConfig()
+        self.step_seconds = step_seconds or decode_slots
+        k = len(self.candidates)
+        self.signal = np.zeros(k)  # effective groups whose rewards were not all equal, per rung
+        self.groups = np.zeros(k)  # effective groups, per rung
+        # success model: decayed [groups, sum share, sum share^2, sum 1/G, successes, rollouts]
+        self.success = np.zeros(6)
+        # log step seconds: [0] of the smallest rung, [k] of rung k over rung k - 1
+        self.log_ratio = np.zeros(k)
+        self.timed = np.zeros(k)  # effective steps behind each entry of log_ratio
+        self.log_bound = np.zeros(k)  # the same, of the last step's lower bounds
+        self.ceiling = self.rung  # SAGC+'s rung at the last decision
+
+    # ------------------------------------------------------------------ estimates
+
+    def success_model(self) -> np.ndarray:
+        """``1 - E[p^G] - E[(1-p)^G]`` per rung under the fitted Beta of per-prompt success
+        rates; float64 ``[K]``."""
+        groups, s1, s2, inv_g, succ, rollouts = self.success.tolist()
+        mean = (succ + 0.5) / (rollouts + 1.0)
+        var = 0.0
+        if groups > 0.0:
+            share, inv = s1 / groups, inv_g / groups
+            spread = s2 / groups - share * share  # per-prompt variance + binomial noise
+            var = (spread - share * (1.0 - share) * inv) / max(1.0 - inv, 1e-12)
+        return np.array(
+            [
+                1.0 - beta_moment(mean, var, g) - beta_moment(1.0 - mean, var, g)
+                for g in self.candidates
+            ]
+        )
+
+    def signal_probability(self) -> np.ndarray:
+        """``P_nz`` per rung: success-model prior + the rung's counts, non-decreasing in G;
+        float64 ``[K]``."""
+        m0 = self.value.prior_strength
+        model_k = self.success_model()
+        mean_k = (m0 * model_k + self.signal) / (m0 + self.groups)
+        return isotonic_increasing(mean_k.tolist(), (self.groups + m0).tolist())
+
+    def seconds(self) -> np.ndarray:
+        """Estimated modeled seconds of a step at each rung (0 before any step); ``[K]``."""
+        if self.timed[0] <= 0.0:
+            return np.zeros(len(self.candidates))
+        w = self.timed
+        return np.exp(np.cumsum((w * self.log_ratio + self.log_bound) / (w + 1.0)))
+
+    def signal_per_second(self) -> np.ndarray:
+        """``v(G) / seconds(G)`` per rung (0 before any step); ``[K]``."""
+        v_k = self.signal_probability() * (1.0 - 1.0 / self.sizes_k)
+        seconds = self.seconds()
+        return v_k / seconds if self.timed[0] > 0.0 else np.zeros_like(v_k)
+
+    # ------------------------------------------------------------------ decisions
+
+    def _decide(self) -> int:
+        ceiling = self.candidates.index(super()._decide())
+        self.ceiling = ceiling
+        if self.step == 0 or self.success[0] <= 0.0:
+            return self.candidates[ceiling]  # no signal seen yet: SAGC+
+        rate_k = self.signal_per_second()[: ceiling + 1].tolist()
+        best = max(range(ceiling + 1), key=lambda k: (rate_k[k], k))
+        if rate_k[best] > (1.0 + self.value.min_gain) * rate_k[ceiling]:
+            return self.candidates[best]
+        return self.candidates[ceiling]
+
+    # ------------------------------------------------------------------ observation
+
+    def _learn_rewards(self, rewards_pg: np.ndarray, finished_pg: np.ndarray | None) -> None:
+        """Signal trials of every rung up to the played G, and the success moments, from the
+        groups whose rollouts all finished (a cut group's rewards are of unfinished text)."""
+        gamma = self.value.gamma
+        kept = rewards_pg if finished_pg is None else rewards_pg[finished_pg.all(axis=1)]
+        num_groups, g = kept.shape
+        self.signal *= gamma
+        self.groups *= gamma
+        self.success *= gamma
+        if num_groups == 0:
+            return
+        for k, g_k in enumerate(self.candidates):
+            if g_k > g:
+                break
+            chunks = g // g_k
+            sub = kept[:, : chunks * g_k].reshape(num_groups * chunks, g_k)
+            varied = sub.max(axis=1) > sub.min(axis=1)
+            self.signal[k] += np.count_nonzero(varied) / chunks
+            self.groups[k] += num_groups
+        share_p = (kept > self.value.success_threshold).mean(axis=1)
+        self.success += [
+            num_groups,
+            share_p.sum(),
+            (share_p * share_p).sum(),
+            num_groups / g,
+            share_p.sum() * g,
+            num_groups * g,
+        ]
+
+    def _learn(
+        self, group_size: int, s_t: float, lengths_pg: np.ndarray, finished_pg=None
+    ) -> dict[str, Any]:
+        metrics = super()._learn(group_size, s_t, lengths_pg, finished_pg)
+        self._learn_seconds(lengths_pg)
+        return {
+            **metrics,
+            "ceiling_group_size": self.candidates[self.ceiling],
+            "signal": self.signal_probability(),
+            "step_seconds": self.seconds(),
+        }
+
+    def _learn_seconds(self, lengths_pg: np.ndarray) -> None:
+        """Step-time ratios between adjacent rungs from this step's lengths: measured where
+        both rungs are at most the played G (its chunks), a lower bound above it."""
+        gamma = self.value.gamma
+        g = lengths_pg.shape[1]
+        log_t = []
+        for g_k in self.candidates:
+            if g_k <= g:
+                chunks = min(g // g_k, _MAX_CHUNKS)
+                t = sum(
+                    self.step_seconds(lengths_pg[:, c * g_k : (c + 1) * g_k]) for c in range(chunks)
+                )
+                log_t.append(math.log(max(t / chunks, 1e-12)))
+            else:
+                tiled = np.tile(lengths_pg, (1, math.ceil(g_k / g)))[:, :g_k]
+                log_t.append(math.log(max(self.step_seconds(tiled), 1e-12)))
+        log_r = np.diff(log_t, prepend=0.0)
+        self.log_bound = log_r
+        self.timed *= gamma
+        measured = self.sizes_k <= g
+        w = self.timed[measured]
+        self.log_ratio[measured] = (w * self.log_ratio[measured] + log_r[measured]) / (w + 1.0)
+        self.timed[measured] = w + 1.0
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **super().state_dict(),
+            "signal": self.signal.copy(),
+            "groups": self.groups.copy(),
+            "success": self.success.copy(),
+            "log_ratio": self.log_ratio.copy(),
+            "timed": self.timed.copy(),
+            "log_bound": self.log_bound.copy(),
+            "ceiling": self.ceiling,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        for key in ("signal", "groups", "success", "log_ratio", "timed", "log_bound"):
+            setattr(self, key, np.array(state[key], dtype=np.float64))
+        self.ceiling = int(state["ceiling"])
