@@ -63,12 +63,15 @@ SPARSE := configs/experiments/sparse_reward.yaml
 EXPERIMENT_DIR ?= runs/experiment
 CLI := $(VENV)/bin/sagc-jax
 CONTROLLERS := fixed:4,fixed:8,fixed:16,sagc,sagc_plus
+# sagc_value (docs/controller.md) beside them under GRPO on both workloads; it refuses a fixed
+# rollout budget (train.batch_mode: budget)
+VALUE_CONTROLLERS := $(CONTROLLERS),sagc_value
 STUDY = $(CLI) compare --config $(EXPERIMENT) --set train.init_checkpoint=$(EXPERIMENT_DIR)/sft
 SPARSE_STUDY = $(CLI) compare --config $(SPARSE) \
-	--set train.init_checkpoint=$(EXPERIMENT_DIR)/sparse/sft --controllers $(CONTROLLERS)
+	--set train.init_checkpoint=$(EXPERIMENT_DIR)/sparse/sft --controllers $(VALUE_CONTROLLERS)
 experiment: $(STAMP)
 	$(CLI) sft --config $(EXPERIMENT) --set logging.run_dir=$(EXPERIMENT_DIR)/sft
-	$(STUDY) --seeds 5 --controllers $(CONTROLLERS) --set logging.run_dir=$(EXPERIMENT_DIR)/grpo
+	$(STUDY) --seeds 5 --controllers $(VALUE_CONTROLLERS) --set logging.run_dir=$(EXPERIMENT_DIR)/grpo
 	$(STUDY) --seeds 3 --controllers $(CONTROLLERS) --set loss.algorithm=dapo \
 		--set logging.run_dir=$(EXPERIMENT_DIR)/dapo
 	$(STUDY) --seeds 3 --controllers $(CONTROLLERS) --set train.batch_mode=budget \

@@ -88,7 +88,7 @@ def format_table(
     cols = list(_columns(timed, reference)) + (
         [("bootstrapped_steps", "bootstrapped steps", "{:d}")] if bootstrapped else []
     )
-    if rows and "signal_share" in rows[0]:
+    if any("signal_share" in row for row in rows):  # n/a for mixed group sizes (per_prompt)
         cols += SIGNAL_COLUMNS
     if rows and "deferred_share" in rows[0]:
         cols += TAIL_COLUMNS
@@ -99,7 +99,7 @@ def format_table(
     for row in rows:
         cells = []
         for key, _, fmt in cols:
-            value = row[key]
+            value = row.get(key, float("nan"))
             cells.append(
                 "n/a" if isinstance(value, float) and np.isnan(value) else fmt.format(value)
             )
