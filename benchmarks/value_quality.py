@@ -36,8 +36,8 @@ import platform
 import time
 
 import numpy as np
+from controller_quality import cell  # a mean ± its 95% CI, as that table prints it
 
-from sagc_jax.analysis.study import mean_ci
 from sagc_jax.config import ControllerConfig, load_config
 from sagc_jax.controller import make_controller
 from sagc_jax.controller.sagc_value import beta_moment
@@ -136,13 +136,6 @@ def play(spec: str, tails: TailWorld, rewards: RewardWorld, seconds_tk, timer) -
         k = CANDIDATES.index(g)
         out["g"][t], out["s"][t], out["seconds"][t] = g, m["s_t"], seconds_tk[t, k]
     return out
-
-
-def cell(values, fmt: str) -> str:
-    mean, half, _ = mean_ci(values)
-    if not half or not np.isfinite(half):
-        return fmt.format(mean)
-    return f"{fmt.format(mean)} ± {fmt.replace('+', '').format(half)}"
 
 
 def main() -> None:
