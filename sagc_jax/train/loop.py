@@ -102,7 +102,8 @@ class Trainer:
         )
         self.tokenizer = self.source.tokenizer
         data_id = data_identity(cfg)  # the files as read: checkpoints record it
-        self.controller = run_controller(with_resolved_buckets(cfg, self.source))
+        resolved = with_resolved_buckets(cfg, self.source)  # the prompt buckets "auto" names
+        self.controller = run_controller(resolved)
         self.tail = None  # on-policy tail batching: its deferred queue and data cursor
         if cfg.tail_batching.enabled:
             self.tail = TailBatcher(cfg.tail_batching, jax.process_count())
@@ -110,7 +111,7 @@ class Trainer:
             cfg, self.controller.candidates, self.plan.batch_shards, jax.process_count()
         )
         if cfg.train.memory_check:
-            check_device_memory(with_resolved_buckets(cfg, self.source))
+            check_device_memory(resolved)
         self.graphdef, self.params, self.model_config, param_shardings = build_sharded_policy(
             cfg, self.tokenizer, cfg.train.seed, self.plan
         )
@@ -151,7 +152,7 @@ class Trainer:
             policy_sampler(
                 self.sampling_graphdef, self.model_config, self.tokenizer, slots=slots, **on_mesh
             )
-            for slots in (rollout_slots(with_resolved_buckets(cfg, self.source), self._say), 0)
+            for slots in (rollout_slots(resolved, self._say), 0)
         )
         self.root_key = jax.random.key(cfg.train.seed)
         self.step = 0
