@@ -239,26 +239,32 @@ class PeerWatch:
                 what = self._coordinator_silent("stopped answering")
                 self._lost(what, shutdown=False, mark=False)
 
-    def _verdict(self, grace: bool) -> tuple[str, bool] | None:
+    def _verdict(self, grace: bool) -> tuple[str, bool, bool] | None:
         """(what happened to the first process that died, stopped or failed; whether it takes
-        part in jax.distributed's shutdown), or None. ``grace``: count an end mark only once it
-        is ``timeout_s`` old."""
+        part in jax.distributed's shutdown; whether to leave this process's end mark), or None.
+        ``grace``: count an end mark only once it is ``timeout_s`` old.
+
+        A silent process 0 is named as the guard names it, and no mark is left: its service,
+        which holds the marks, may be what stalled (writing one would hang)."""
         now = time.monotonic()
         with self._seen_lock:
             seen = sorted(self._seen.items())
         for peer, (value, since) in seen:
             old = now - since > self.timeout_s
             who = f"process {peer} of {self.n}"
+            if value not in _END_MARKS and old and peer == 0:
+                return self._coordinator_silent("stopped answering"), False, False
             if value not in _END_MARKS and old:
                 return (
                     f"{who} stopped responding (no heartbeat for {self.timeout_s:g} s, "
                     f"--peer-timeout)",
                     False,
+                    True,
                 )
             if value == STOPPED and (old or not grace):
-                return f"{who} was stopped by a signal", False
+                return f"{who} was stopped by a signal", False, True
             if value == FAILED and (old or not grace):
-                return f"{who} failed (see its output)", True
+                return f"{who} failed (see its output)", True, True
         return None
 
     def _lost(self, what: str, shutdown: bool, mark: bool = True) -> None:

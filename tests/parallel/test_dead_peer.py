@@ -15,7 +15,7 @@ from jax.errors import JaxRuntimeError
 
 from sagc_jax.config import ConfigError
 from sagc_jax.parallel import EXIT_PEER_LOST, initialize, supervisor
-from sagc_jax.parallel.distributed import DONE, FAILED, PeerWatch
+from sagc_jax.parallel.distributed import _END_MARKS, DONE, FAILED, PeerWatch
 
 RUN = [
     *TINY,
@@ -88,6 +88,20 @@ def test_the_watch_tells_a_dead_a_failed_and_a_live_process_apart(monkeypatch, c
     assert capsys.readouterr().err == (
         "train: process 1 of 2 stopped responding (no heartbeat for 1 s, --peer-timeout); saved\n"
     )
+
+    # process 0 stops beating while a collective fails here: named as the coordinator, as the
+    # guard names it, and no end mark is written (its service, which holds them, may be stalled)
+    first, second = _watches()
+    first._stop.set()
+    second._stop.set()  # the collective's failure, not the watch's thread, finds it
+    with pytest.raises(SystemExit):
+        second.explain()
+    assert exits == [EXIT_PEER_LOST] * 3
+    assert capsys.readouterr().err == (
+        "train: process 0 of 2 (the jax.distributed coordinator) stopped answering (1 s, "
+        "--peer-timeout); saved\n"
+    )
+    assert second.client.values["sagc_jax/peer/1"] not in _END_MARKS
 
 
 class _FailingStore(_Store):

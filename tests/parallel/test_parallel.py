@@ -416,4 +416,5 @@ def test_a_stalled_coordinator_of_four_processes_ends_the_others_with_one_line(t
         f"process 0 of 4 (the jax.distributed coordinator) stopped answering ({PEER_TIMEOUT_S} s, "
     )
     what += "--peer-timeout)"
-    assert all(_lost_lines(run_dir, err, what) for _, err in outs[1:]), outs[1][1][-3000:]
+    wrong = [err[-3000:] for _, err in outs[1:] if not _lost_lines(run_dir, err, what)]
+    assert not wrong, "\n---\n".join(wrong)
