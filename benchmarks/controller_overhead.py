@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 from sagc_jax.config import HybridConfig
+from sagc_jax.config.sim import SimConfig
 from sagc_jax.controller import (
     FixedGroupController,
     HybridController,
@@ -28,7 +29,6 @@ from sagc_jax.controller import (
     SAGCPlusController,
 )
 from sagc_jax.sim import SyntheticWorkload
-from sagc_jax.sim.config import SimConfig
 
 
 def time_cycles(make, lengths_by_g, cycles: int, repeats: int = 5) -> float:

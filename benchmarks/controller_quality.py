@@ -43,8 +43,8 @@ import numpy as np
 
 from sagc_jax.analysis.study import mean_ci
 from sagc_jax.config import ControllerConfig, HybridConfig, SAGCConfig, load_config
+from sagc_jax.config.sim import SimConfig
 from sagc_jax.controller import make_controller
-from sagc_jax.sim.config import SimConfig
 from sagc_jax.sim.runner import run_controller
 from sagc_jax.sim.steptime import StepTimer
 from sagc_jax.sim.worlds import TailWorld, WorkloadWorld, oracle, play_cut, rates_table

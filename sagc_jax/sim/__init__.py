@@ -1,7 +1,7 @@
 """Offline simulator of group-size control (numpy only; never imports jax).
 
-The names below are imported on first use: ``sagc_jax.config`` imports ``sim.config`` (the
-``sim:`` section), and the simulator's modules import ``sagc_jax.config``.
+The names below are imported on first use: ``import sagc_jax.sim`` loads none of the simulator.
+Its config section, ``sim:``, is :mod:`sagc_jax.config.sim`.
 """
 
 import importlib

@@ -23,9 +23,9 @@ from typing import NamedTuple
 import numpy as np
 
 from sagc_jax.config import SamplingConfig
+from sagc_jax.config.sim import SimConfig
 from sagc_jax.sampling import schedule
 from sagc_jax.sim import roofline
-from sagc_jax.sim.config import SimConfig
 
 REGIMES = roofline.REGIMES  # compacting (the sampler), synchronous, continuous
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sagc_jax.sim.config import SimConfig
+from sagc_jax.config.sim import SimConfig
 
 
 def _rng(*key: int) -> np.random.Generator:

@@ -24,9 +24,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from sagc_jax.config.sim import SimConfig
 from sagc_jax.controller.observation import group_ratios, straggler_observation
 from sagc_jax.controller.sagc_plus import best_mixture
-from sagc_jax.sim.config import SimConfig
 from sagc_jax.sim.roofline import cut_step
 from sagc_jax.sim.workload import SyntheticWorkload
 

@@ -20,8 +20,8 @@ from sagc_jax.analysis.study import (
     t_quantile,
     time_to_accuracy,
 )
+from sagc_jax.config.sim import SimConfig
 from sagc_jax.sim import StepTimer
-from sagc_jax.sim.config import SimConfig
 
 TIMER = StepTimer(SimConfig(hardware="custom"))
 

@@ -8,8 +8,8 @@ from helpers import ROOT
 
 from sagc_jax.cli import main
 from sagc_jax.config import ConfigError, load_config
+from sagc_jax.config.sim import HARDWARE_NAMES, SimConfig
 from sagc_jax.sim import StepTimer
-from sagc_jax.sim.config import HARDWARE_NAMES, SimConfig
 from sagc_jax.sim.roofline import (
     HARDWARE,
     Efficiency,

@@ -8,9 +8,9 @@ from helpers import capture_figures, delta_lines, legend_labels
 
 from sagc_jax.cli import main
 from sagc_jax.config import load_config
+from sagc_jax.config.sim import SimConfig
 from sagc_jax.controller import FixedGroupController, make_controller
 from sagc_jax.sim import ReplayWorkload, StepTimer, SyntheticWorkload, compare, run_controller
-from sagc_jax.sim.config import SimConfig
 from sagc_jax.sim.report import summary_rows
 from sagc_jax.train.plan import step_timer
 

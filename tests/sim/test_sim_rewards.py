@@ -4,8 +4,8 @@ value-aware controller (sagc_value) in the simulator."""
 import numpy as np
 
 from sagc_jax.config import load_config
+from sagc_jax.config.sim import SimConfig
 from sagc_jax.sim import StepTimer, SyntheticWorkload, compare
-from sagc_jax.sim.config import SimConfig
 from sagc_jax.sim.report import format_table, summary_rows
 
 CUSTOM = StepTimer(SimConfig(hardware="custom"))

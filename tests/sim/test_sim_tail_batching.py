@@ -6,9 +6,9 @@ import dataclasses
 import numpy as np
 
 from sagc_jax.config import Config, TailBatchingConfig
+from sagc_jax.config.sim import SimConfig
 from sagc_jax.controller import make_controller
 from sagc_jax.sim import roofline
-from sagc_jax.sim.config import SimConfig
 from sagc_jax.sim.runner import run_controller, run_tail_batched
 from sagc_jax.sim.steptime import StepTimer
 from sagc_jax.sim.workload import SyntheticWorkload

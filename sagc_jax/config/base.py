@@ -1,9 +1,7 @@
 """What every config section is built from: :func:`option` fields that carry their bounds,
 the :class:`Section` mixin that checks them on construction, and :class:`ConfigError`.
 
-The sections live beside what reads them (most in ``sagc_jax/config.py``, ``sim`` in
-``sagc_jax/sim/config.py``); both import this module, which imports neither of them, nor numpy
-or jax.
+Every module of the package imports this one, which imports none of them, nor numpy or jax.
 """
 
 from __future__ import annotations

@@ -1,15 +1,16 @@
 """The ``sim:`` section of a run's config: the offline simulator's workload and step-time model.
 
-It lives beside the simulator that reads it; :class:`sagc_jax.config.Config` holds it as its
-``sim`` field, so a config file's ``sim:`` mapping and ``--set sim.key=value`` build it. Like
-``sagc_jax.config``, this module imports neither numpy nor jax.
+:class:`sagc_jax.config.Config` holds it as its ``sim`` field, so a config file's ``sim:``
+mapping and ``--set sim.key=value`` build it; the simulator (``sagc_jax.sim``) reads it. Like the
+rest of the package, this module imports neither numpy nor jax.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from sagc_jax.config_base import ConfigError, Section, option
+from sagc_jax.config.base import ConfigError, Section, option
+from sagc_jax.config.spec import parse_controller_spec
 
 __all__ = ["HARDWARE_NAMES", "SimConfig"]
 
@@ -139,8 +140,6 @@ class SimConfig(Section):
     def check(self) -> None:
         if not self.controllers:
             raise ConfigError("sim.controllers is empty; give e.g. ['fixed:4', 'sagc']")
-        from sagc_jax.config import parse_controller_spec  # config imports this module
-
         for spec in self.controllers:
             parse_controller_spec(spec)
         if self.hardware != "custom":
