@@ -108,6 +108,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         step = step_prediction(cfg, args.hardware, devices, args.mean_new_tokens)
         memory = memory or HARDWARE[args.hardware].memory_gib
     print(format_plan(memory_plan(cfg, devices, int(memory * 1024**3) if memory else None), memory))
+    if args.devices is None and jax.devices()[0].platform == "cpu":
+        print(
+            "on CPU the devices' memory is this process's own: Python, jax, the data and the "
+            "compiled programs come on top (plan --compile cpu measures them and estimates the "
+            "run's peak resident memory)"
+        )
     if step is not None:
         print()
         print(format_step(step))
@@ -121,10 +127,12 @@ def _plan_compile(cfg: Config, args: argparse.Namespace) -> int:
         compile_all,
         compiled_update,
         format_table,
+        host_estimate,
         resolve_target,
         run_programs,
         verdict,
     )
+    from sagc_jax.train.host_memory import resident_bytes
 
     target = resolve_target(args.compile, args.device_memory)
     programs = run_programs(cfg, target, args.shapes)
@@ -137,9 +145,12 @@ def _plan_compile(cfg: Config, args: argparse.Namespace) -> int:
                 f"name with sampler, tail, update, eval or merge"
             )
     print(f"plan --compile: {len(programs)} programs for {target.describe()}", flush=True)
+    host = target.topology == "cpu"  # the programs' memory is this process's own
+    start = resident_bytes() if host else None
     compiled = []
     try:
-        compiled = compile_all(programs, report=lambda line: print(line, flush=True))
+        report = lambda line: print(line, flush=True)  # noqa: E731
+        compiled = compile_all(programs, report, host=start is not None)
     except Exception as err:  # noqa: BLE001 - the compiler's refusal, reported in one line
         failed = programs[len(compiled)] if len(compiled) < len(programs) else programs[-1]
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -150,6 +161,8 @@ def _plan_compile(cfg: Config, args: argparse.Namespace) -> int:
         ) from None
     print()
     print(format_table(target, compiled))
+    if start is not None:
+        print(host_estimate(start, compiled))
     line = verdict(target, compiled)
     if line:
         raise UserError(line)

@@ -37,6 +37,7 @@ from sagc_jax.models.lora import LoRAParam
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.sampling.sampler import Sampler
 from sagc_jax.sim.roofline import HARDWARE, model_costs, update_passes
+from sagc_jax.train.host_memory import resident_bytes
 from sagc_jax.train.packing import resolve_pack_len, row_ladder, row_multiple
 from sagc_jax.train.plan import GIB, architecture, memory_plan
 from sagc_jax.train.programs import PolicyPrograms, StateShardings, batch_spec, packed_batch_spec
@@ -168,6 +169,7 @@ class Compiled:
     flops: float
     bytes_accessed: float
     windowed_matmuls: int = 0  # matmuls the partitioner made loops (see windowed_matmuls)
+    host_growth: int | None = None  # CPU: resident bytes the compile added (code, compiler's)
 
     def step_flops(self, devices: int) -> float:
         """FLOPs of one run of the whole program on ``devices`` devices (every loop trip)."""
@@ -463,13 +465,17 @@ def windowed_matmuls(hlo_text: str) -> int:
     return len(re.findall(r"body=%?[\w.-]*windowed_dot_general_body", hlo_text))
 
 
-def compile_all(programs: list[Program], report=print) -> list[Compiled]:
-    """Lower and compile each program (one line each through ``report`` as it finishes)."""
+def compile_all(programs: list[Program], report=print, host: bool = False) -> list[Compiled]:
+    """Lower and compile each program (one line each through ``report`` as it finishes).
+    ``host``: the programs run on this host's CPU, whose memory is the process's own: each
+    records the resident memory its compile added (``host_growth``)."""
     done = []
     for p in programs:
         t0 = time.perf_counter()
+        before = resident_bytes() if host else None
         compiled = p.lower().compile()
         seconds = time.perf_counter() - t0
+        after = resident_bytes() if host else None
         mem = compiled.memory_analysis()
         cost = compiled.cost_analysis()
         cost = (cost[0] if isinstance(cost, list) else cost) or {}
@@ -483,6 +489,7 @@ def compile_all(programs: list[Program], report=print) -> list[Compiled]:
             float(cost.get("flops", 0.0)),
             float(cost.get("bytes accessed", 0.0)),
             windowed_matmuls(compiled.as_text() or ""),
+            None if before is None or after is None else max(0, after - before),
         )
         del compiled
         jax.clear_caches()  # the traced and lowered programs: a 3B one holds GBs of host memory
@@ -549,6 +556,24 @@ def format_table(target: Target, compiled: list[Compiled]) -> str:
             "FLOPs are a fraction of their work; --hardware times the update by the roofline's."
         )
     return "\n".join(lines)
+
+
+def host_estimate(start: int, compiled: list[Compiled]) -> str:
+    """On a CPU target, whose device memory is the process's own: the run's peak resident memory
+    as the process before compiling (``start`` bytes: Python, jax, the tokenizer and the data),
+    plus what every compile added (the compiled code and what the compiler kept, which a run
+    holds for its whole length), plus the largest program's peak."""
+    growth = [c.host_growth or 0 for c in compiled]
+    peak = max(c.peak for c in compiled)
+    total = start + sum(growth) + peak
+    pairs = zip(compiled, growth, strict=True)
+    added = ", ".join(f"{c.program.name} {g / GIB:.2f}" for c, g in pairs)
+    return (
+        f"On this host a run's peak resident memory is about {total / GIB:.2f} GiB: this "
+        f"process before compiling ({start / GIB:.2f} GiB: Python, jax, the tokenizer and the "
+        f"data), what each compile added and a run keeps ({added} GiB: the compiled code and "
+        f"the compiler's retained heap), and the largest program's peak ({peak / GIB:.2f} GiB)."
+    )
 
 
 def verdict(target: Target, compiled: list[Compiled]) -> str | None:

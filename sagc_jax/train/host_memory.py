@@ -40,6 +40,20 @@ def release() -> None:
         _MALLOC_TRIM(0)
 
 
+def resident_bytes() -> int | None:
+    """This process's resident set size (``VmRSS``, Linux), after :func:`release`; None where
+    ``/proc`` does not say."""
+    release()
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def _after(event: str, duration_s: float, **_) -> None:
     if event == COMPILE_EVENT:
         release()

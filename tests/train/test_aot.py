@@ -91,6 +91,14 @@ def test_compile_for_cpu_prints_every_program_beside_the_formula(capsys):
         sampler = rows[f"sampler G={g}"]
         assert 0.8 < float(sampler["peak / estimate"]) < 1.25
     assert "5 programs compiled in" in out
+    # on CPU the programs' memory is the process's own: the run's peak RSS is estimated as this
+    # process before compiling, what each compile kept, and the largest program's peak
+    host = re.search(
+        r"resident memory is about ([0-9.]+) GiB: this process before compiling "
+        r"\(([0-9.]+) GiB",
+        out,
+    )
+    assert host and float(host[1]) > float(host[2]) > 0, out[-2000:]
     # --hardware times the step's update by the compiled program's FLOPs (every loop trip)
     assert re.search(r"update: .*; [0-9.e-]+ TFLOPs of the compiled update G=4 \(8 packed", out)
 

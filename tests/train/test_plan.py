@@ -96,7 +96,9 @@ def test_plan_command_says_whether_it_fits(capsys):
     assert main(["plan", "--config", config, "--device-memory", "40"]) == 0
     assert "does NOT fit in 40.0 GiB" in capsys.readouterr().out
     assert main(["plan", "--config", "configs/demo.yaml"]) == 0  # this machine: a CPU verdict too
-    assert " GiB per device (" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert " GiB per device (" in out
+    assert "on CPU the devices' memory is this process's own" in out  # what plan leaves out
     assert main(["plan", "--config", config, "--devices", "3", "--set", "mesh.fsdp=2"]) == 2
     assert "needs 2 devices but 3 are available" in capsys.readouterr().err
 
