@@ -7,7 +7,8 @@ hook that sees a stop request saves a checkpoint and calls :meth:`Hooks.stop`, a
 after that step. The GRPO trainer's own hooks are named here, each with its state in the open:
 ``Evaluation``, ``SpikeGuard`` (a gradient-norm spike holds checkpoints back),
 ``DivergenceCheck`` (too many non-finite updates in a row end the run), ``RewardStallNotice``
-and ``Checkpointing``.
+and ``Checkpointing``. They see each step as a :class:`StepLog`: what the step produced, typed
+(the safety hooks read its fields, not its log keys), and its log line.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from sagc_jax.parallel import any_process
 
 if TYPE_CHECKING:
     from sagc_jax.config import TrainConfig
+    from sagc_jax.train.metrics import StepResult
     from sagc_jax.train.safety.faults import StopRequest
     from sagc_jax.train.safety.run_state import RunState
 
@@ -36,7 +38,7 @@ def itstime(step: int, every: int, total: int, *, at_end: bool = True) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Hook:
-    fn: Callable[[int, dict[str, Any]], None]  # (step, the step's record: hooks may add to it)
+    fn: Callable[[int, Any], None]  # (step, what the step returned: a StepLog, SFT's dict)
     every: int
     at_end: bool
 
@@ -49,8 +51,8 @@ class Hooks:
         self.stopped = ""  # why a hook ended the run early (a signal's name), "" while it runs
         self._hooks: list[Hook] = []
 
-    def add(self, fn: Callable[[int, dict], None], every: int = 1, at_end: bool = True) -> None:
-        """Call ``fn(step, record)`` every ``every`` steps (0: never by period) and, with
+    def add(self, fn: Callable[[int, Any], None], every: int = 1, at_end: bool = True) -> None:
+        """Call ``fn(step, log)`` every ``every`` steps (0: never by period) and, with
         ``at_end``, after the last step."""
         self._hooks.append(Hook(fn, every, at_end))
 
@@ -58,40 +60,40 @@ class Hooks:
         """End the run after the hooks of the current step."""
         self.stopped = why
 
-    def __call__(self, step: int, record: dict[str, Any]) -> None:
+    def __call__(self, step: int, log: Any) -> None:
         for hook in self._hooks:
             if itstime(step, hook.every, self.total, at_end=hook.at_end):
-                hook.fn(step, record)
+                hook.fn(step, log)
 
-    def run(self, step: int, train_step: Callable[[int], dict[str, Any]]) -> int:
+    def run(self, step: int, train_step: Callable[[int], Any]) -> int:
         """From ``step`` (the number of steps done), call ``train_step(step)`` (it runs that
-        step and returns its record), then the hooks, until ``total`` steps are done or a hook
+        step and returns its log), then the hooks, until ``total`` steps are done or a hook
         stops the run. Returns the number of steps done."""
         while step < self.total and not self.stopped:
-            record = train_step(step)
+            log = train_step(step)
             step += 1
-            self(step, record)
+            self(step, log)
         return step
 
 
 class ProgressBar:
     """A tqdm progress bar as a hook: one tick per step, with the postfix ``postfix(step,
-    record)`` returns (None: keep the last one). Close it when the run ends."""
+    log)`` returns (None: keep the last one). Close it when the run ends."""
 
     def __init__(
         self,
         desc: str,
         total: int,
         initial: int,
-        postfix: Callable[[int, dict[str, Any]], dict[str, Any] | None],
+        postfix: Callable[[int, Any], dict[str, Any] | None],
     ):
         from tqdm import tqdm
 
         self.bar = tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True)
         self.postfix = postfix
 
-    def __call__(self, step: int, record: dict[str, Any]) -> None:
-        shown = self.postfix(step, record)
+    def __call__(self, step: int, log: Any) -> None:
+        shown = self.postfix(step, log)
         if shown is not None:
             self.bar.set_postfix(**shown)
         self.bar.update(1)
@@ -101,6 +103,16 @@ class ProgressBar:
 
 
 # ---------------------------------------------------------------------- the GRPO trainer's hooks
+
+
+@dataclasses.dataclass(frozen=True)
+class StepLog:
+    """A GRPO step as its hooks see it: what it produced (``result``: the safety hooks read its
+    typed fields, so renaming a metric cannot silently turn one off) and its log line
+    (``metrics``, one JSONL line; the evaluation adds to it)."""
+
+    result: StepResult
+    metrics: dict[str, Any]
 
 
 class TrainingDiverged(RuntimeError):
@@ -115,13 +127,13 @@ class Evaluation:
         self.evaluate = evaluate
         self.state = state
 
-    def __call__(self, step: int, record: dict[str, Any]) -> None:
+    def __call__(self, step: int, log: StepLog) -> None:
         self.state.last_eval = self.evaluate()
-        record.update(self.state.last_eval)
+        log.metrics.update(self.state.last_eval)
 
 
 class SpikeGuard:
-    """Watches ``update/grad_norm``: a step whose norm exceeds ``factor`` x the median of the
+    """Watches the update's gradient norm: a step whose norm exceeds ``factor`` x the median of the
     last ``window`` steps' (``train.spike_factor``, ``train.spike_window``; factor 0: off)
     holds checkpoints back for ``window`` steps, and each further spike extends the hold."""
 
@@ -133,8 +145,8 @@ class SpikeGuard:
         self.spike_step: int | None = None  # the first spike of the latest stretch
         self.quiet_until = -1  # no checkpoint is written up to this step
 
-    def __call__(self, step: int, record: dict[str, Any]) -> None:
-        norm = record.get("update/grad_norm", math.nan)
+    def __call__(self, step: int, log: StepLog) -> None:
+        norm = log.result.grad_norm
         # a step without learning signal ran no update (norm 0): nothing to compare
         if not self.factor or not math.isfinite(norm) or norm == 0:
             return
@@ -168,8 +180,8 @@ class RewardStallNotice:
         self.report = report
         self.said = False
 
-    def __call__(self, step: int, record: dict[str, Any]) -> None:
-        if self.said or not record.get("reward_batch_timeouts"):
+    def __call__(self, step: int, log: StepLog) -> None:
+        if self.said or not log.metrics["reward_batch_timeouts"]:  # every process's count
             return
         self.said = True
         self.report(
@@ -190,8 +202,8 @@ class DivergenceCheck:
         self.spikes = spikes
         self.bad_updates = 0  # consecutive skipped updates
 
-    def __call__(self, step: int, record: dict[str, Any]) -> None:
-        self.bad_updates = self.bad_updates + 1 if record["update/skipped"] > 0 else 0
+    def __call__(self, step: int, log: StepLog) -> None:
+        self.bad_updates = self.bad_updates + 1 if log.result.update_skipped else 0
         if self.bad_updates >= self.limit:
             raise TrainingDiverged(
                 f"step {step}: the loss or gradient was not finite in {self.bad_updates} steps "
@@ -236,7 +248,7 @@ class Checkpointing:
         self.hooks = hooks
         self.last_save = time.perf_counter()
 
-    def __call__(self, step: int, record: dict[str, Any]) -> None:
+    def __call__(self, step: int, log: StepLog) -> None:
         self.state.store.seal_finished()
         stopping = self.stop.should_stop(step)
         if self._due(step, stopping):

@@ -41,6 +41,7 @@ from sagc_jax.train.hooks import (
     ProgressBar,
     RewardStallNotice,
     SpikeGuard,
+    StepLog,
 )
 from sagc_jax.train.host_memory import trim_after_compiles
 from sagc_jax.train.lora_base import base_identity
@@ -328,6 +329,10 @@ class Trainer:
         )
         return {**{k: float(v) for k, v in jax.device_get(upd).items()}, "no_signal": 0.0}
 
+    def _log(self, result: StepResult) -> StepLog:
+        """The step as its hooks see it: its result and its metrics line."""
+        return StepLog(result, self.record(result))
+
     def record(self, result: StepResult) -> dict[str, Any]:
         """The step's metrics line (``metrics.step_record``; a collective: every process calls
         it)."""
@@ -376,7 +381,7 @@ class Trainer:
         try:
             with StopRequest() as stop:
                 hooks = self._hooks(stop, bar)
-                hooks.run(self.step, lambda _: self.record(self.train_step()))  # advances step
+                hooks.run(self.step, lambda _: self._log(self.train_step()))  # advances step
         finally:
             if bar is not None:
                 bar.close()
@@ -387,12 +392,12 @@ class Trainer:
             "interrupted": hooks.stopped,  # the signal that stopped the run, if one did
         }
 
-    def _progress_postfix(self, step: int, record: dict[str, Any]) -> dict[str, Any]:
+    def _progress_postfix(self, step: int, log: StepLog) -> dict[str, Any]:
         """What the progress bar shows beside the count: G, the reward, the straggler rate."""
         rate = self.controller.straggler_sum / max(self.controller.step, 1)
         return {
-            "G": record["group_size"],
-            "reward": f"{record['reward']:.2f}",
+            "G": log.metrics["group_size"],
+            "reward": f"{log.metrics['reward']:.2f}",
             "strag": f"{rate:.2f}",
         }
 
@@ -409,7 +414,9 @@ class Trainer:
         hooks = Hooks(t.steps)
         spikes = SpikeGuard(t.spike_factor, t.spike_window, report=self._say)
         hooks.add(Evaluation(self.evaluate, self.run_state), every=t.eval_every)
-        hooks.add(lambda step, record: self.writer.write(step, record, self.controller.candidates))
+        hooks.add(
+            lambda step, log: self.writer.write(step, log.metrics, self.controller.candidates)
+        )
         if bar is not None:
             hooks.add(bar)
         hooks.add(spikes)

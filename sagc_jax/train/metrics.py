@@ -37,6 +37,16 @@ class StepResult:
     lengths: np.ndarray  # int [all rows] completion lengths, every process's, every round
     clock: dict[str, float]  # when the stages ended: start, sampled, packed, updated, end
 
+    @property
+    def grad_norm(self) -> float:
+        """The update's global gradient norm (0.0: no update ran, the step had no signal)."""
+        return float(self.update["grad_norm"])
+
+    @property
+    def update_skipped(self) -> bool:
+        """Whether the update ran but was not applied: its loss or gradient was not finite."""
+        return self.update["skipped"] > 0
+
 
 def step_record(
     result: StepResult,

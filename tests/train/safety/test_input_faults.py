@@ -11,7 +11,7 @@ from helpers import RAW_ROWS, TINY, sets, write_word_tokenizer
 
 from sagc_jax.cli import main
 from sagc_jax.tasks import RewardError, TimeLimitedReward, resolve_reward, score_batch
-from sagc_jax.train.hooks import RewardStallNotice
+from sagc_jax.train.hooks import RewardStallNotice, StepLog
 
 # --------------------------------------------------------------------------- damaged files
 
@@ -255,7 +255,7 @@ def test_the_reward_stall_notice_speaks_once_per_run():
     lines = []
     notice = RewardStallNotice("mod:fn", 3.0, lines.append)
     for step, count in enumerate([0, 2, 1, 0, 1], 1):
-        notice(step, {"reward_batch_timeouts": count})
+        notice(step, StepLog(None, {"reward_batch_timeouts": count}))
     assert lines == [
         "step 2: reward mod:fn ran past data.reward_timeout_s = 3 s on a whole batch, then "
         "scored its rows one by one; each such batch costs up to twice the limit; counted in "
