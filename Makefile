@@ -53,7 +53,7 @@ simulate: $(STAMP)
 # fixed:8, fixed:16, the paper's sagc and sagc_plus (docs/controller.md) on the same seeds:
 # GRPO (5 seeds), DAPO (3) and GRPO with a fixed rollout budget per step (3); the second
 # workload, where small groups lose accuracy and G = 16 breaks the budget (its own warm start,
-# 3 seeds; docs/experiments/sparse-reward.md); then the prompt-aware hybrid
+# 5 seeds; docs/experiments/sparse-reward.md); then the prompt-aware hybrid
 # (docs/experiments/hybrid.md) beside fixed G and sagc on a pool of 128 problems revisited
 # every epoch (5 seeds), and its per_prompt mode at a fixed 128 rows per step against fixed:8's
 # same 128 rows (5 seeds).
@@ -77,7 +77,7 @@ experiment: $(STAMP)
 	$(STUDY) --seeds 3 --controllers $(CONTROLLERS) --set train.batch_mode=budget \
 		--set logging.run_dir=$(EXPERIMENT_DIR)/budget
 	$(CLI) sft --config $(SPARSE) --set logging.run_dir=$(EXPERIMENT_DIR)/sparse/sft
-	$(SPARSE_STUDY) --seeds 3 --set logging.run_dir=$(EXPERIMENT_DIR)/sparse/grpo
+	$(SPARSE_STUDY) --seeds 5 --set logging.run_dir=$(EXPERIMENT_DIR)/sparse/grpo
 	$(STUDY) --seeds 5 --set data.prompt_pool=128 --set logging.run_dir=$(EXPERIMENT_DIR)/pool \
 		--controllers fixed:4,fixed:8,fixed:16,sagc,hybrid:step,hybrid:per_prompt
 	$(STUDY) --seeds 5 --set data.prompt_pool=128 --set controller.hybrid.rows_per_step=128 \
