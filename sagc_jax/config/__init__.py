@@ -29,6 +29,7 @@ from sagc_jax.config.load import MOVED_KEYS, from_dict, load_config, to_dict
 from sagc_jax.config.reference import reference_markdown
 from sagc_jax.config.saved import changed_keys, config_differences, config_over_saved
 from sagc_jax.config.sections import (
+    LORA_TARGETS,
     Config,
     ControllerConfig,
     DataConfig,
@@ -50,6 +51,7 @@ from sagc_jax.config.spec import parse_controller_spec
 
 __all__ = [
     "HARDWARE_NAMES",
+    "LORA_TARGETS",
     "MOVED_KEYS",
     "SimConfig",
     "TailBatchingConfig",
