@@ -163,10 +163,17 @@ class PeerWatch:
     """
 
     def __init__(
-        self, client, process_id: int, num_processes: int, timeout_s: float, report
+        self,
+        client,
+        process_id: int,
+        num_processes: int,
+        timeout_s: float,
+        report,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client, self.me, self.n = client, process_id, num_processes
         self.timeout_s = timeout_s
+        self.clock = clock  # what "timeout_s seconds" are measured with (tests: a fake clock)
         self.interval_s = min(1.0, timeout_s / 4)
         self.report: Callable[[str], str] = report
         self._seen: dict[int, tuple[str | None, float]] = {}  # peer -> (value, when it changed)
@@ -198,7 +205,7 @@ class PeerWatch:
         """Write this process's beat, read everyone's."""
         self.client.key_value_set(f"{_KEY}{self.me}", str(beat), allow_overwrite=True)
         values = self._values()
-        now = time.monotonic()
+        now = self.clock()
         with self._seen_lock:
             for peer in range(self.n):
                 if peer != self.me and self._seen.get(peer, ("", 0.0))[0] != values.get(peer):
@@ -208,13 +215,13 @@ class PeerWatch:
         beat, unanswered_since = 0, None
         while not self._stop.wait(self.interval_s):
             beat += 1
-            self._asking_since = time.monotonic()
+            self._asking_since = self.clock()
             try:
                 self._exchange(beat)
                 unanswered_since = None
             except JaxRuntimeError:  # the coordination service does not answer (process 0 gone)
-                unanswered_since = unanswered_since or time.monotonic()
-                if time.monotonic() - unanswered_since > self.timeout_s:
+                unanswered_since = unanswered_since or self.clock()
+                if self.clock() - unanswered_since > self.timeout_s:
                     self._lost(self._coordinator_silent("stopped answering"), shutdown=False)
                 continue
             except Exception as err:
@@ -235,7 +242,7 @@ class PeerWatch:
         its service holds the call open; leaving an end mark would hang the same way)."""
         while not self._stop.wait(self.interval_s):
             since = self._asking_since
-            if since is not None and time.monotonic() - since > self.timeout_s:
+            if since is not None and self.clock() - since > self.timeout_s:
                 what = self._coordinator_silent("stopped answering")
                 self._lost(what, shutdown=False, mark=False)
 
@@ -246,7 +253,7 @@ class PeerWatch:
 
         A silent process 0 is named as the guard names it, and no mark is left: its service,
         which holds the marks, may be what stalled (writing one would hang)."""
-        now = time.monotonic()
+        now = self.clock()
         with self._seen_lock:
             seen = sorted(self._seen.items())
         for peer, (value, since) in seen:
@@ -314,7 +321,7 @@ class PeerWatch:
         beaten twice since (one change seen could be a beat written just before it died).
 
         Takes at most ``timeout_s`` + 2 beats."""
-        deadline = time.monotonic() + self.timeout_s + 2 * self.interval_s
+        deadline = self.clock() + self.timeout_s + 2 * self.interval_s
         last: dict[int, str | None] | None = None
         changes = dict.fromkeys(range(self.n), 0)
         while True:
@@ -325,7 +332,7 @@ class PeerWatch:
             for peer, value in values.items():
                 changes[peer] += last is not None and value != last[peer]
             beating = [p for p, v in values.items() if v not in _END_MARKS]
-            if all(changes[p] >= 2 for p in beating) or time.monotonic() > deadline:
+            if all(changes[p] >= 2 for p in beating) or self.clock() > deadline:
                 return
             last = values
             time.sleep(self.interval_s / 2)

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from helpers import PEER_TIMEOUT_S, PYTHONPATH, ROOT, TINY
@@ -47,12 +48,41 @@ class _Store:
             return [(k, v) for k, v in self.values.items() if k.startswith(prefix)]
 
 
-def _watches(n=2, timeout_s=1.0):
+class _Clock:
+    """The watches' clock, moved only by the test: a peer counts as silent when the test says
+    that --peer-timeout has passed, never because a loaded host delayed a thread."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _watches(clock, n=2, timeout_s=1.0):
     store = _Store()
     return [
-        PeerWatch(store, i, n, timeout_s, lambda what: f"train: {what}; saved").start()
+        PeerWatch(store, i, n, timeout_s, lambda what: f"train: {what}; saved", clock).start()
         for i in range(n)
     ]
+
+
+def _until(happened):
+    """Wait for the watches' threads to make ``happened()`` true (bounded far above the work)."""
+    give_up = time.monotonic() + 300
+    while not happened():
+        assert time.monotonic() < give_up, "the watch's thread stopped beating"
+        time.sleep(0.01)
+
+
+def _join(thread):
+    """Wait for ``thread``, which ends on its own once it has seen what the test set up (the
+    bound is far above the work: it only keeps a broken watch from hanging the suite)."""
+    thread.join(timeout=300)
+    assert not thread.is_alive()
 
 
 # the watch's thread "exits" (raises SystemExit) in the tests below
@@ -68,8 +98,9 @@ def test_the_watch_tells_a_dead_a_failed_and_a_live_process_apart(monkeypatch, c
 
     monkeypatch.setattr(os, "_exit", exit_)
 
+    clock = _Clock()
     # every process beats: a failure of this process's own is handed back within two beats
-    first, second = _watches()
+    first, second = _watches(clock)
     first.explain()
     assert exits == []
     # the other one ended with an error: one line naming it as soon as a collective fails
@@ -80,10 +111,14 @@ def test_the_watch_tells_a_dead_a_failed_and_a_live_process_apart(monkeypatch, c
     assert exits == [EXIT_PEER_LOST]
     assert capsys.readouterr().err == "train: process 1 of 2 failed (see its output); saved\n"
 
-    # the other one stops beating (SIGKILL): the watch's thread finds it within the timeout
-    first, second = _watches()
+    # the other one stops beating (SIGKILL): the watch's thread finds it once the timeout passed
+    first, second = _watches(clock)
     second._stop.set()  # no more beats, no end mark
-    first._thread.join(timeout=10)
+    second._thread.join()
+    last_beat = first.client.values["sagc_jax/peer/1"]
+    _until(lambda: first._seen[1][0] == last_beat)  # silence counts from the last beat seen
+    clock.advance(1.5)
+    _join(first._thread)
     assert exits == [EXIT_PEER_LOST] * 2
     assert capsys.readouterr().err == (
         "train: process 1 of 2 stopped responding (no heartbeat for 1 s, --peer-timeout); saved\n"
@@ -91,9 +126,10 @@ def test_the_watch_tells_a_dead_a_failed_and_a_live_process_apart(monkeypatch, c
 
     # process 0 stops beating while a collective fails here: named as the coordinator, as the
     # guard names it, and no end mark is written (its service, which holds them, may be stalled)
-    first, second = _watches()
+    first, second = _watches(clock)
     first._stop.set()
     second._stop.set()  # the collective's failure, not the watch's thread, finds it
+    clock.advance(1.5)
     with pytest.raises(SystemExit):
         second.explain()
     assert exits == [EXIT_PEER_LOST] * 3
@@ -119,7 +155,7 @@ class _FailingStore(_Store):
 
 def test_the_watch_handles_a_lost_service_and_names_what_it_cannot_handle(capsys):
     store = _FailingStore()
-    watch = PeerWatch(store, 1, 2, 1.0, lambda what: what).start()
+    watch = PeerWatch(store, 1, 2, 1.0, lambda what: what, _Clock()).start()
     watch._stop.set()  # its thread's beats are not what is tested here
     # the coordination service is gone (process 0 died): nobody reads the mark, nothing said
     store.error = JaxRuntimeError("UNAVAILABLE: Failed to send RPC to coordination service")
@@ -128,7 +164,7 @@ def test_the_watch_handles_a_lost_service_and_names_what_it_cannot_handle(capsys
 
     # anything else is not the watch's to judge: one line naming it, and the run still ends
     store = _FailingStore()
-    watch = PeerWatch(store, 1, 2, 1.0, lambda what: what).start()
+    watch = PeerWatch(store, 1, 2, 1.0, lambda what: what, _Clock()).start()
     watch._stop.set()
     store.error = TypeError("key_value_set() got an unexpected keyword argument\nmore")
     watch.finish(DONE)
@@ -140,10 +176,9 @@ def test_the_watch_handles_a_lost_service_and_names_what_it_cannot_handle(capsys
     # an unexpected error in the beat itself ends the watch's thread with one line, not a
     # traceback, and not with the verdict that process 0 stopped answering
     store = _FailingStore()
-    watch = PeerWatch(store, 1, 2, 1.0, lambda what: what).start()
+    watch = PeerWatch(store, 1, 2, 1.0, lambda what: what, _Clock()).start()
     store.error = KeyError("sagc_jax/peer/1")
-    watch._thread.join(timeout=10)
-    assert not watch._thread.is_alive()
+    _join(watch._thread)
     assert capsys.readouterr().err == (
         "process 1 of 2: the peer watch could not exchange beats (KeyError: 'sagc_jax/peer/1'); "
         "it stops: the other processes will stop the run within --peer-timeout (1 s), naming "
@@ -158,10 +193,12 @@ class _HangingStore(_Store):
     def __init__(self):
         super().__init__()
         self.hang = threading.Event()
+        self.hanging = threading.Event()  # a call is blocked now
         self.never = threading.Event()
 
     def key_value_set(self, key, value, allow_overwrite=False):
         if self.hang.is_set():
+            self.hanging.set()
             self.never.wait()
         super().key_value_set(key, value, allow_overwrite)
 
@@ -175,10 +212,12 @@ def test_the_watch_ends_this_process_when_the_coordinator_hangs(monkeypatch, cap
         raise SystemExit(code)
 
     monkeypatch.setattr(os, "_exit", exit_)
-    store = _HangingStore()
-    watch = PeerWatch(store, 1, 3, 1.0, lambda what: f"train: {what}; saved").start()
+    store, clock = _HangingStore(), _Clock()
+    watch = PeerWatch(store, 1, 3, 1.0, lambda what: f"train: {what}; saved", clock).start()
     store.hang.set()  # the beat thread's next call never returns: the guard speaks
-    watch._guard.join(timeout=10)
+    store.hanging.wait()
+    clock.advance(1.5)
+    _join(watch._guard)
     assert exits == [EXIT_PEER_LOST]
     assert capsys.readouterr().err == (
         "train: process 0 of 3 (the jax.distributed coordinator) stopped answering (1 s, "
@@ -187,7 +226,7 @@ def test_the_watch_ends_this_process_when_the_coordinator_hangs(monkeypatch, cap
     assert store.values == {"sagc_jax/peer/1": "0"}  # no end mark tried: it would hang too
     watch._stop.set()
     store.never.set()
-    watch._thread.join(timeout=10)
+    _join(watch._thread)
 
 
 # ---------------------------------------------------------------------- two real processes

@@ -189,7 +189,8 @@ USER_REWARDS = textwrap.dedent(
         return [float(len(c) % 2) for c in completions]
     """
 )
-LIMIT = 0.5
+# a hanging row waits this long: far above what scoring a row takes, even on a loaded host
+LIMIT = 2.0
 
 
 @pytest.fixture
@@ -221,8 +222,9 @@ def test_a_hanging_reward_is_stopped_naming_the_function_and_the_row(user_reward
     message = str(err.value)
     assert "sagc_test_slow_rewards:hang_on_bad" in message and "index 2 of 4" in message
     assert f"data.reward_timeout_s = {LIMIT:g} s" in message and "\n" not in message
-    # the batch, then the rows alone (a second worker starts then): about twice the limit
-    assert 2 * LIMIT <= elapsed < 2 * LIMIT + 5, elapsed
+    # the batch, then the rows alone (a second worker starts then): twice the limit at least
+    # (the upper bound only tells a wait from a hang)
+    assert 2 * LIMIT <= elapsed < 2 * LIMIT + 120, elapsed
 
 
 def test_a_hanging_row_scores_zero_and_is_counted_with_the_zero_policy(user_rewards):
