@@ -212,7 +212,7 @@ _write = os.write  # the seam the full-disk tests patch
 def no_space_on(err: BaseException, directory: Path) -> str | None:
     """ "no space left on DIR (the disk mounted at MOUNT)" (or "disk quota exceeded on ...")
     when ``err`` is a lack of space; None for any other error."""
-    from sagc_jax.train.safety.checkpoint import mount_point, space_errno
+    from sagc_jax.train.safety.disk import mount_point, space_errno
 
     code = space_errno(err)
     if code is None:

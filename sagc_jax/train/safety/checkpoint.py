@@ -26,11 +26,9 @@ kept, and the same command resumes from the newest once there is space.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import logging
-import os
 import shutil
 import sys
 import threading
@@ -45,6 +43,15 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from sagc_jax.parallel import from_leader, gather_rows, is_leader
+from sagc_jax.train.safety import disk
+from sagc_jax.train.safety.disk import (
+    SPACE_ERRNOS,
+    SPACE_TEXT,
+    human_bytes,
+    mount_point,
+    space_errno,
+    tree_bytes,
+)
 
 _ARRAY_TAG = "__ndarray__"
 INTEGRITY_FILE = "integrity.json"
@@ -54,34 +61,7 @@ class CheckpointError(RuntimeError):
     """No checkpoint of a run can be restored, or one cannot be written (message is one line)."""
 
 
-# ------------------------------------------------------------------ disk space
-
-_SPACE_ERRNOS = {errno.ENOSPC: "no space left", errno.EDQUOT: "disk quota exceeded"}
-# Orbax's array writes go through TensorStore, whose errors are ValueErrors carrying the text.
-_SPACE_TEXT = {
-    errno.ENOSPC: ("No space left on device", "os_error_code='28'"),
-    errno.EDQUOT: ("Disk quota exceeded", "os_error_code='122'"),
-}
-
-
-def space_errno(err: BaseException | None) -> int | None:
-    """``ENOSPC`` or ``EDQUOT`` when ``err`` (or an exception it was raised from or groups) is a
-    write that failed for lack of space, else None."""
-    seen: set[int] = set()
-    todo = [err]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in _SPACE_ERRNOS:
-            return e.errno
-        text = str(e)
-        for code, marks in _SPACE_TEXT.items():
-            if any(mark in text for mark in marks):
-                return code
-        todo += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
-    return None
+# ------------------------------------------------------------------ Orbax's space errors
 
 
 class _QuietSpaceErrors(logging.Filter):
@@ -95,7 +75,7 @@ class _QuietSpaceErrors(logging.Filter):
             message = record.getMessage()
         except Exception:  # noqa: BLE001 (a malformed record is not ours to judge)
             return True
-        return not any(mark in message for marks in _SPACE_TEXT.values() for mark in marks)
+        return not any(mark in message for marks in SPACE_TEXT.values() for mark in marks)
 
 
 def _quiet_orbax_space_errors() -> None:
@@ -122,31 +102,6 @@ def _drop_closed_loops(hook):
 
     drop.drops_closed_loops = True
     return drop
-
-
-def free_bytes(directory: Path) -> int:
-    """Bytes free to this user on the disk holding ``directory`` (the seam tests patch)."""
-    return shutil.disk_usage(directory).free
-
-
-def mount_point(path: Path) -> Path:
-    """The mount point of the filesystem that holds ``path``."""
-    path = path.absolute()
-    while not os.path.ismount(path) and path != path.parent:
-        path = path.parent
-    return path
-
-
-def human_bytes(n: float) -> str:
-    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}" if unit == "GiB" else f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
-
-
-def tree_bytes(tree) -> int:
-    """Bytes of every array of ``tree`` (global arrays: all their shards)."""
-    return sum(int(np.size(x)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
 def to_json_tree(value: Any) -> Any:
@@ -335,7 +290,7 @@ class CheckpointStore:
         # over 2 GiB would overflow; float32 keeps them to 1e-7 of their size
         needed = int(from_leader(np.float32(needed)))
         measured = bool(from_leader(np.bool_(measured)))
-        free = int(gather_rows(np.array([free_bytes(self.directory)], np.float32)).min())
+        free = int(gather_rows(np.array([disk.free_bytes(self.directory)], np.float32)).min())
         if measured and free < needed:
             raise CheckpointError(self._space_message("no space left", step, needed, free, True))
         if free < 2 * needed and not self._warned_space:
@@ -358,10 +313,8 @@ class CheckpointStore:
         if is_leader():
             self._remove_partial(step)
         self.manager.reload()
-        free = free_bytes(self.directory)
-        raise CheckpointError(
-            self._space_message(_SPACE_ERRNOS[code], step, needed, free, measured)
-        )
+        free = disk.free_bytes(self.directory)
+        raise CheckpointError(self._space_message(SPACE_ERRNOS[code], step, needed, free, measured))
 
     def _remove_partial(self, step: int, attempts: int = 5) -> None:
         """Delete what the failed write of ``step`` left: Orbax's temporary directory, or the

@@ -12,7 +12,7 @@ from pathlib import Path
 import jax
 
 from sagc_jax.config import Config, ConfigError
-from sagc_jax.train.safety import checkpoint
+from sagc_jax.train.safety import disk
 from sagc_jax.train.safety.runlock import RunDirError
 
 GIB = 1024**3
@@ -86,11 +86,11 @@ def check_free_space(run_dir: str | Path, items) -> None:
     """RunDirError when the disk of ``run_dir`` has less room than a checkpoint of ``items``
     (the parameters and optimizer state, uncompressed: what a checkpoint holds once the
     optimizer's moments are no longer zeros)."""
-    needed = checkpoint.tree_bytes(items)
-    free = checkpoint.free_bytes(Path(run_dir))
+    needed = disk.tree_bytes(items)
+    free = disk.free_bytes(Path(run_dir))
     if free < needed:
         raise RunDirError(
-            f"{run_dir}: {checkpoint.human_bytes(free)} free on its disk, one checkpoint needs "
-            f"about {checkpoint.human_bytes(needed)} (parameters and optimizer state); free space "
+            f"{run_dir}: {disk.human_bytes(free)} free on its disk, one checkpoint needs "
+            f"about {disk.human_bytes(needed)} (parameters and optimizer state); free space "
             f"or use another logging.run_dir"
         )

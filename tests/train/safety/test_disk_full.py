@@ -24,8 +24,9 @@ from helpers import enospc_on_step, sets
 
 from sagc_jax.cli import main
 from sagc_jax.train import metrics
-from sagc_jax.train.safety import checkpoint
-from sagc_jax.train.safety.checkpoint import CheckpointError, CheckpointStore, space_errno
+from sagc_jax.train.safety import checkpoint, disk
+from sagc_jax.train.safety.checkpoint import CheckpointError, CheckpointStore
+from sagc_jax.train.safety.disk import space_errno
 from sagc_jax.train.safety.runlock import RunDirError
 
 TINY = [*TRAIN_TINY, "logging.tensorboard=false", "train.checkpoint_every=2"]
@@ -110,14 +111,14 @@ def test_save_refused_when_the_last_checkpoint_does_not_fit_and_warned_when_two_
     size = sum(p.stat().st_size for p in (ckpt / "1").rglob("*"))
     assert not lines  # plenty of room
 
-    monkeypatch.setattr(checkpoint, "free_bytes", lambda d: size * 3 // 2)
+    monkeypatch.setattr(disk, "free_bytes", lambda d: size * 3 // 2)
     store.save(2, small_items(seed=2), {"step": 2}, report=lines.append)
     store.save(3, small_items(seed=3), {"step": 3}, report=lines.append)
     store.wait()
     assert len(lines) == 1 and lines[0].startswith(f"low disk space on {ckpt} (the disk mounted")
     assert "a checkpoint takes ~" in lines[0]
 
-    monkeypatch.setattr(checkpoint, "free_bytes", lambda d: 1000)
+    monkeypatch.setattr(disk, "free_bytes", lambda d: 1000)
     with pytest.raises(CheckpointError) as caught:
         store.save(4, small_items(seed=4), {"step": 4}, resume_hint="rerun it")
     message = str(caught.value)
@@ -189,17 +190,17 @@ REAL_DISK = textwrap.dedent(
 def test_a_real_full_disk_through_tensorstore(tmp_path):
     if not shutil.which("unshare") or subprocess.run(["unshare", "-rm", "true"]).returncode:
         pytest.skip("no private mount namespace here (unshare -rm)")
-    disk = tmp_path / "disk"
-    disk.mkdir()
+    tmpfs = tmp_path / "disk"
+    tmpfs.mkdir()
     (tmp_path / "script.py").write_text(REAL_DISK)
-    mount = f"mount -t tmpfs -o size=4m tmpfs {disk} && {sys.executable} {tmp_path / 'script.py'}"
+    mount = f"mount -t tmpfs -o size=4m tmpfs {tmpfs} && {sys.executable} {tmp_path / 'script.py'}"
     proc = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", f"{mount} {disk}"], capture_output=True, text=True
+        ["unshare", "-rm", "sh", "-c", f"{mount} {tmpfs}"], capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     message = next(x for x in proc.stdout.splitlines() if x.startswith("MESSAGE"))
-    assert f"no space left on {disk / 'ckpt'} (the disk mounted at {disk})" in message
+    assert f"no space left on {tmpfs / 'ckpt'} (the disk mounted at {tmpfs})" in message
     assert "while saving step 2" in message and "(newest: step 1)" in message
     assert "LEFT ['1'] None" in proc.stdout  # the partial step 2 is gone, step 1 verifies
 

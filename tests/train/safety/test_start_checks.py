@@ -11,7 +11,7 @@ from helpers import TINY, sets
 
 import sagc_jax.train.loop as loop
 from sagc_jax.cli import main
-from sagc_jax.train.safety import checkpoint, runlock
+from sagc_jax.train.safety import disk, runlock
 from sagc_jax.train.safety.runlock import LOCK_FILE
 
 FAST = [*TINY, "logging.tensorboard=false", "train.async_checkpoint=false", "train.steps=2"]
@@ -71,7 +71,7 @@ def test_a_directory_that_cannot_be_written_is_refused_first(
 def test_a_disk_without_room_for_a_checkpoint_is_refused_before_compiling(
     tmp_path, capsys, monkeypatch
 ):
-    monkeypatch.setattr(checkpoint, "free_bytes", lambda directory: 1000)
+    monkeypatch.setattr(disk, "free_bytes", lambda directory: 1000)
 
     def no_compile(*args, **kwargs):
         raise AssertionError("a program was built before the disk check")
