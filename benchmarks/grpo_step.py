@@ -33,7 +33,7 @@ Workloads (`--workload`):
     ends with `jax.device_get` of the update metrics, so the timed work has finished. Log-probs
     for the ratio come from the sampler. With `--packing` (default, as `train.packing: true`) the
     update runs on the rollouts' real tokens packed into rows of prompt + max-new-tokens
-    (`train.packing.pack_update_batch`, the row count a rung of its ladder); `--no-packing`: one
+    (`programs.packing.pack_update_batch`, the row count a rung of its ladder); `--no-packing`: one
     padded row per rollout. With `--mesh-data N` both programs run data parallel on a
     `ShardingPlan` over N XLA host devices (`--xla_force_host_platform_device_count=N`), as
     `mesh.data: N` would.
@@ -290,10 +290,10 @@ def run_sagc(jax_model, cfg, prompts_pt, args) -> tuple[Timing, float]:
 
     from sagc_jax.config import MeshConfig
     from sagc_jax.parallel import ShardingPlan
+    from sagc_jax.programs.optim import make_optimizer
+    from sagc_jax.programs.update import PolicyPrograms, StateShardings, UpdateSettings
     from sagc_jax.rl import completion_mask, group_advantages
     from sagc_jax.sampling.sampler import Sampler
-    from sagc_jax.train.optim import make_optimizer
-    from sagc_jax.train.programs import PolicyPrograms, StateShardings, UpdateSettings
 
     new_tokens, prompts, group = args.max_new_tokens, args.prompts, args.group
     eos_ids = () if args.workload == "forced" else (EOS,)
@@ -339,7 +339,7 @@ def run_sagc(jax_model, cfg, prompts_pt, args) -> tuple[Timing, float]:
                 "mask": mask,
                 "adv": adv,
             }
-        from sagc_jax.train.packing import (
+        from sagc_jax.programs.packing import (
             pack_update_batch,
             packed_rows_needed,
             resolve_pack_len,

@@ -236,8 +236,8 @@ def child_sagc(args) -> dict:
 def step_prompts(args):
     """(sagc-jax's source, [(templated text, ids, question, answer)] of every step's prompts in
     order): what the sagc-jax Trainer samples at step s, `source.batch(s, 0, prompts)`."""
+    from sagc_jax.programs.policy import build_tokenizer
     from sagc_jax.tasks.source import make_source
-    from sagc_jax.train.policy import build_tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = sagc_config(args, str(Path(tmp) / "run"))

@@ -41,8 +41,8 @@ from controller_quality import cell  # a mean ± its 95% CI, as that table print
 from sagc_jax.config import ControllerConfig, load_config
 from sagc_jax.controller import make_controller
 from sagc_jax.controller.sagc_value import beta_moment
+from sagc_jax.planning.plan import step_timer
 from sagc_jax.sim.worlds import TailWorld, rates_table
-from sagc_jax.train.plan import step_timer
 
 CANDIDATES = (4, 8, 16)
 TAU, DELTA, BURN_IN = 3.0, 0.2, 10

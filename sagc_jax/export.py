@@ -31,17 +31,17 @@ from sagc_jax.models import Decoder, DecoderConfig, lora
 from sagc_jax.models.hf_checkpoint import hf_architecture, save_hf_params
 from sagc_jax.models.hf_lora import save_merged, save_peft_adapters
 from sagc_jax.models.lora import LoRAParam
-from sagc_jax.tasks import CharTokenizer
-from sagc_jax.train.lora_base import base_identity, check_same_base
-from sagc_jax.train.metrics import no_space_on
-from sagc_jax.train.policy import (
+from sagc_jax.programs.policy import (
     build_model,
     build_tokenizer,
-    load_run_params,
     preset_architecture,
     run_settings,
 )
+from sagc_jax.tasks import CharTokenizer
+from sagc_jax.train.lora_base import base_identity, check_same_base
+from sagc_jax.train.metrics import no_space_on
 from sagc_jax.train.safety.checkpoint import CheckpointStore, newest_verified_meta
+from sagc_jax.train.warm_start import load_run_params
 
 # What transformers' AutoTokenizer reads from a model directory (those the tokenizer has).
 TOKENIZER_FILES = (

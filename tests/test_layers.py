@@ -13,6 +13,8 @@ LAYERS = (
     ("tasks", "parallel"),
     ("sampling",),
     ("sim",),
+    ("programs",),
+    ("planning",),
     ("train",),
     ("export", "analysis"),
     ("commands",),

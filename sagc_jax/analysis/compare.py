@@ -10,9 +10,9 @@ from pathlib import Path
 
 from sagc_jax.analysis.study import CALIBRATION, format_paired, format_rows, plot_study, study
 from sagc_jax.config import Config, from_dict, parse_controller_spec, to_dict
+from sagc_jax.planning.plan import step_timer
 from sagc_jax.train.loop import Trainer
 from sagc_jax.train.metrics import read_metrics
-from sagc_jax.train.plan import step_timer
 from sagc_jax.train.safety.faults import Interrupted, phase, resume_hint
 
 

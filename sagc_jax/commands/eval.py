@@ -53,10 +53,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from flax import nnx
 
     from sagc_jax.export import merged_run_params
+    from sagc_jax.programs.policy import build_model, build_tokenizer
     from sagc_jax.tasks.source import make_source
     from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
-    from sagc_jax.train.policy import build_model, build_tokenizer, load_run_params
     from sagc_jax.train.safety.faults import phase
+    from sagc_jax.train.warm_start import load_run_params
 
     if args.samples < 1:
         raise UserError(f"--samples = {args.samples}; allowed: 1 (greedy) or more (sampled)")

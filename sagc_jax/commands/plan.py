@@ -74,15 +74,15 @@ def add_parser(subparsers) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from sagc_jax.planning.plan import format_plan, format_step, memory_plan, step_prediction
     from sagc_jax.sim.roofline import HARDWARE
-    from sagc_jax.train.plan import format_plan, format_step, memory_plan, step_prediction
 
     cfg = load_config(args.config, args.overrides)
     if args.devices is not None and args.devices < 1:
         raise UserError(f"--devices {args.devices}: must be >= 1")
     if cfg.sampling.prompt_buckets == "auto":  # the longest bucket comes from the data
+        from sagc_jax.programs.policy import build_tokenizer
         from sagc_jax.tasks.source import make_source, with_resolved_buckets
-        from sagc_jax.train.policy import build_tokenizer
 
         tokenizer = build_tokenizer(cfg) if cfg.data.task != "synthetic" else None
         cfg = with_resolved_buckets(cfg, make_source(cfg, tokenizer))
@@ -95,7 +95,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         memory = device_memory()[0] / 1024**3  # on CPU: the host's, shared by its devices
     if args.lora_compare is not None:
-        from sagc_jax.train.plan import format_lora_comparison, lora_comparison
+        from sagc_jax.planning.plan import format_lora_comparison, lora_comparison
 
         if args.lora_compare < 1:
             raise UserError(f"--lora-compare {args.lora_compare}: the rank must be >= 1")
@@ -123,7 +123,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _plan_compile(cfg: Config, args: argparse.Namespace) -> int:
     """``plan --compile``: every program of the run compiled for the target, the table, and exit
     2 with one line when one does not fit or does not compile."""
-    from sagc_jax.train.aot import (
+    from sagc_jax.planning.aot import (
         compile_all,
         compiled_update,
         format_table,
@@ -132,7 +132,7 @@ def _plan_compile(cfg: Config, args: argparse.Namespace) -> int:
         run_programs,
         verdict,
     )
-    from sagc_jax.train.host_memory import resident_bytes
+    from sagc_jax.planning.host_memory import resident_bytes
 
     target = resolve_target(args.compile, args.device_memory)
     programs = run_programs(cfg, target, args.shapes)
@@ -167,7 +167,7 @@ def _plan_compile(cfg: Config, args: argparse.Namespace) -> int:
     if line:
         raise UserError(line)
     if args.hardware is not None:  # the step's update timed by the compiled program's FLOPs
-        from sagc_jax.train.plan import format_step, step_prediction
+        from sagc_jax.planning.plan import format_step, step_prediction
 
         update = compiled_update(compiled)
         flops = None

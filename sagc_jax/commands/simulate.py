@@ -82,9 +82,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def _compare_and_report(args, workload_factory, command: str):
     """Play sim.controllers over the workload, print and write the table; returns the
     ``StepTimer`` that timed the steps."""
+    from sagc_jax.planning.plan import step_timer
     from sagc_jax.sim import compare
     from sagc_jax.sim.report import format_table, summary_rows, write_csv, write_plots
-    from sagc_jax.train.plan import step_timer
 
     cfg = load_config(args.config, timing_overrides(args))
     workload = workload_factory(cfg)

@@ -74,7 +74,7 @@ def apply_rope(x_btnh: jax.Array, positions_bt: jax.Array, inv_freq_h2: np.ndarr
 
 _SPLASH_BLOCKS = (512, 256, 128)  # splash tiles: the row length must divide by one of them
 # The platform "auto" resolves for while programs are traced for devices that are only described
-# (ahead-of-time compiles for a TPU slice from a CPU host: ``train.aot``); None: this host's.
+# (ahead-of-time compiles for a TPU slice from a CPU host: ``planning.aot``); None: this host's.
 _TARGET_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "attention_platform", default=None
 )

@@ -176,7 +176,7 @@ def weighted_policy_loss(
     """:func:`policy_loss` with the aggregation folded into per-token weights (packed rows).
 
     ``loss = sum(weight_bt * per_token_term) / normalizer``: seq_mean, token_mean and constant
-    differ only in the weights and the normaliser (see ``train.packing``), so the loss of any
+    differ only in the weights and the normaliser (see ``programs.packing``), so the loss of any
     split of the tokens sums to the loss of the whole. All arrays float32 [B, T] (B packed rows,
     T tokens); ``adv_bt`` per token; ``mask_bt`` 1 where a completion token is scored. Metrics as
     :func:`policy_loss`'s.

@@ -243,7 +243,7 @@ class Sampler:
         keep_groups: int = 0,
     ) -> jax.stages.Lowered:
         """The program `compile` compiles, lowered (``state``: arrays or ShapeDtypeStructs with
-        shardings, e.g. for devices that are only described: ``train.aot``)."""
+        shardings, e.g. for devices that are only described: ``planning.aot``)."""
 
         # Shapes with the shardings a real call has (they are part of the cache key): an
         # uncommitted array (one device, no plan) has none, or the call compiles once more.

@@ -243,7 +243,7 @@ def cut_step(lengths, groups_r, keep_groups: int, slots: int = 0):
     ``schedule.group_stop`` with ``keep_groups``: ``(stop_k, reached_r, done_r, kept_g)``:
     the stop iteration, the tokens each rollout has then (its length if done, else what it
     reached, 0 if never started), which are done, and bool [num_groups] the groups kept: the
-    first ``keep_groups`` whole ones in group order (the trainer's rule: ``train/tail.py``)."""
+    first ``keep_groups`` whole ones in group order (the trainer's rule: ``programs/tail.py``)."""
     lengths = np.asarray(lengths, np.int64).ravel()
     groups_r = np.asarray(groups_r, np.int64).ravel()
     slots = min(slots or lengths.size, lengths.size)

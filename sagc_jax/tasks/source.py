@@ -1,7 +1,7 @@
 """Prompt sources for the trainer: which prompts a step uses, how they become tokens, and their
 reward. Problems are a pure function of (step, round, index), so a resumed run sees exactly the
 prompts an uninterrupted one would have seen: the data position is the step counter (with tail
-batching, a data cursor saved in the checkpoint: `train/tail.py`).
+batching, a data cursor saved in the checkpoint: `programs/tail.py`).
 
 Every prompt is measured before step 0, as the sampler will see it (`PromptSource.encode`): a
 dataset row that is empty or too long for the largest prompt bucket (or for the model's

@@ -28,6 +28,23 @@ import numpy as np
 from sagc_jax.config import Config
 from sagc_jax.models import lora
 from sagc_jax.parallel import ShardingPlan, any_process, gather_rows, is_leader
+from sagc_jax.planning.host_memory import trim_after_compiles
+from sagc_jax.planning.plan import run_controller
+from sagc_jax.programs.policy import (
+    build_sharded_adapters,
+    build_sharded_policy,
+    build_tokenizer,
+)
+from sagc_jax.programs.shapes import (
+    check_batch_shapes,
+    check_hybrid,
+    make_trainer_optimizer,
+    prompts_for,
+    rollout_shapes,
+    update_settings,
+)
+from sagc_jax.programs.tail import TailBatcher
+from sagc_jax.programs.update import PolicyPrograms, StateShardings, batch_spec
 from sagc_jax.rl import ALGORITHMS, group_advantages
 from sagc_jax.sampling.padding import bucket_length
 from sagc_jax.tasks.source import data_identity, make_source, with_resolved_buckets
@@ -43,32 +60,15 @@ from sagc_jax.train.hooks import (
     SpikeGuard,
     StepLog,
 )
-from sagc_jax.train.host_memory import trim_after_compiles
 from sagc_jax.train.lora_base import base_identity
 from sagc_jax.train.metrics import MetricsWriter, StepResult, read_metrics, step_record, summarize
-from sagc_jax.train.plan import run_controller
-from sagc_jax.train.policy import (
-    build_sharded_adapters,
-    build_sharded_policy,
-    build_tokenizer,
-    load_run_params,
-)
-from sagc_jax.train.programs import PolicyPrograms, StateShardings, batch_spec
 from sagc_jax.train.rollout import sample_step, shaped_rewards
 from sagc_jax.train.safety.faults import StopRequest, crash_point, phase, resume_hint
 from sagc_jax.train.safety.preflight import check_device_memory, check_free_space, rollout_slots
 from sagc_jax.train.safety.run_state import RunState
 from sagc_jax.train.safety.runlock import RunLock
-from sagc_jax.train.shapes import (
-    check_batch_shapes,
-    check_hybrid,
-    make_trainer_optimizer,
-    prompts_for,
-    rollout_shapes,
-    update_settings,
-)
-from sagc_jax.train.tail import TailBatcher
 from sagc_jax.train.update_batch import UpdateBatcher
+from sagc_jax.train.warm_start import load_run_params
 
 
 class Trainer:

@@ -16,8 +16,8 @@ import numpy as np
 
 if TYPE_CHECKING:
     from sagc_jax.controller import GroupController
+    from sagc_jax.programs.tail import TailBatcher
     from sagc_jax.train.rollout import Rollouts
-    from sagc_jax.train.tail import TailBatcher
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,14 +17,14 @@ import numpy as np
 
 from sagc_jax.config import Config
 from sagc_jax.parallel import any_process, gather_rows
+from sagc_jax.programs.shapes import prompts_for
 from sagc_jax.rl import informative_groups, overlong_penalty
 from sagc_jax.sampling.padding import left_pad
 from sagc_jax.tasks import score_batch
 from sagc_jax.tasks.source import Prompt, PromptSource
-from sagc_jax.train.shapes import prompts_for
 
 if TYPE_CHECKING:
-    from sagc_jax.train.tail import TailBatcher
+    from sagc_jax.programs.tail import TailBatcher
 
 
 @dataclasses.dataclass

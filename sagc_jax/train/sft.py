@@ -26,10 +26,10 @@ import optax
 from flax import nnx
 
 from sagc_jax.config import Config, ConfigError, changed_keys, to_dict
+from sagc_jax.programs.optim import make_optimizer
 from sagc_jax.rl.logprobs import token_logprobs
 from sagc_jax.tasks import encode_sft_batch
 from sagc_jax.train.hooks import Hooks, ProgressBar, itstime
-from sagc_jax.train.optim import make_optimizer
 from sagc_jax.train.safety.checkpoint import CheckpointStore, newest_verified_meta
 from sagc_jax.train.safety.faults import Interrupted, StopRequest, crash_point, phase, resume_hint
 

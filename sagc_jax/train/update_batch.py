@@ -1,6 +1,6 @@
 """The update's input from a step's rollouts: global arrays over the mesh, either packed into
-the row-count rung every process agrees on (``train.packing``; see ``packing``) or one padded
-row per rollout (``programs.BATCH_KEYS``)."""
+the row-count rung every process agrees on (``train.packing``; see ``programs.packing``) or
+one padded row per rollout (``programs.update.BATCH_KEYS``)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import numpy as np
 
 from sagc_jax.config import Config
 from sagc_jax.parallel import ShardingPlan, gather_rows
-from sagc_jax.rl import completion_mask
-from sagc_jax.train.packing import (
+from sagc_jax.programs.packing import (
     pack_update_batch,
     packed_rows_needed,
     resolve_pack_len,
     row_multiple,
 )
+from sagc_jax.rl import completion_mask
 from sagc_jax.train.rollout import Rollouts
 
 

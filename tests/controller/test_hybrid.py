@@ -474,8 +474,8 @@ def test_synthetic_prompt_pool_is_revisited_every_epoch_in_a_seeded_order():
 def test_dataset_prompt_ids_are_row_indices(tmp_path):
     from helpers import RAW_ROWS, write_word_tokenizer
 
+    from sagc_jax.programs.policy import build_tokenizer
     from sagc_jax.tasks.source import DatasetSource
-    from sagc_jax.train.policy import build_tokenizer
 
     write_word_tokenizer(tmp_path / "tok")
     data = tmp_path / "train.jsonl"

@@ -16,12 +16,12 @@ import numpy as np
 
 from sagc_jax.config import MeshConfig, load_config
 from sagc_jax.parallel import ShardingPlan, bytes_per_device
+from sagc_jax.programs.optim import make_optimizer
+from sagc_jax.programs.policy import build_sharded_policy
+from sagc_jax.programs.update import PolicyPrograms, StateShardings, UpdateSettings
 from sagc_jax.rl import completion_mask
 from sagc_jax.sampling import left_pad
 from sagc_jax.train.evaluate import policy_sampler
-from sagc_jax.train.optim import make_optimizer
-from sagc_jax.train.policy import build_sharded_policy
-from sagc_jax.train.programs import PolicyPrograms, StateShardings, UpdateSettings
 
 MESHES = {
     "single": (1, 1, 1),

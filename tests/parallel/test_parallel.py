@@ -21,7 +21,7 @@ from jax.sharding import AbstractMesh, PartitionSpec
 from sagc_jax.config import ConfigError, MeshConfig, load_config
 from sagc_jax.models import axes as ax
 from sagc_jax.parallel import EXIT_PEER_LOST, RULES, initialize, mesh_shape
-from sagc_jax.train.shapes import check_batch_shapes
+from sagc_jax.programs.shapes import check_batch_shapes
 
 WORKER = Path(__file__).parent / "sharded_worker.py"
 

@@ -11,8 +11,8 @@ import pytest
 from flax import nnx
 
 from sagc_jax.models import Decoder, get_preset
+from sagc_jax.programs.update import completion_logprobs, packed_logprobs
 from sagc_jax.rl.logprobs import chunk_positions, token_logprobs
-from sagc_jax.train.programs import completion_logprobs, packed_logprobs
 
 B, T, D, V = 3, 11, 16, 40  # 33 tokens: chunks of 8 (2 positions x 3 rows, 4) do not divide it
 

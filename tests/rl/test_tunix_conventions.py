@@ -23,6 +23,7 @@ import pytest
 from flax import nnx
 
 from sagc_jax.config import LossConfig
+from sagc_jax.programs.update import completion_logprobs
 from sagc_jax.rl import (
     ALGORITHMS,
     completion_mask,
@@ -32,7 +33,6 @@ from sagc_jax.rl import (
     overlong_penalty,
     policy_loss,
 )
-from sagc_jax.train.programs import completion_logprobs
 
 _REASON = "google-tunix is not installed; it is the peer these loss conventions are checked against"
 algo_core = pytest.importorskip("tunix.rl.algo_core", reason=_REASON)

@@ -9,6 +9,7 @@ from helpers import ROOT
 from sagc_jax.cli import main
 from sagc_jax.config import ConfigError, load_config
 from sagc_jax.config.sim import HARDWARE_NAMES, SimConfig
+from sagc_jax.planning.plan import architecture, step_prediction, step_timer, timed_architecture
 from sagc_jax.sim import StepTimer
 from sagc_jax.sim.roofline import (
     HARDWARE,
@@ -21,7 +22,6 @@ from sagc_jax.sim.roofline import (
     update_seconds,
 )
 from sagc_jax.sim.steptime import Engine
-from sagc_jax.train.plan import architecture, step_prediction, step_timer, timed_architecture
 
 PAPER = ROOT / "configs" / "paper"
 HW = Hardware("test chip", peak_flops=100e12, hbm_bandwidth=1e12, memory_gib=16, source="-")

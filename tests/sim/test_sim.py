@@ -10,9 +10,9 @@ from sagc_jax.cli import main
 from sagc_jax.config import load_config
 from sagc_jax.config.sim import SimConfig
 from sagc_jax.controller import FixedGroupController, make_controller
+from sagc_jax.planning.plan import step_timer
 from sagc_jax.sim import ReplayWorkload, StepTimer, SyntheticWorkload, compare, run_controller
 from sagc_jax.sim.report import summary_rows
-from sagc_jax.train.plan import step_timer
 
 CUSTOM = StepTimer(SimConfig(hardware="custom"))  # timing does not matter to these tests
 

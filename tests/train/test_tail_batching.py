@@ -7,9 +7,9 @@ import pytest
 from helpers import TINY
 
 from sagc_jax.config import ConfigError, TailBatchingConfig, load_config
+from sagc_jax.programs.tail import TailBatcher
 from sagc_jax.tasks.source import Prompt
 from sagc_jax.train.loop import Trainer
-from sagc_jax.train.tail import TailBatcher
 
 
 class CountingSource:
@@ -108,7 +108,7 @@ def test_resume_with_prompts_waiting_continues_exactly(tmp_path):
 
 
 def test_a_tail_step_the_mesh_cannot_split_is_refused_before_the_run():
-    from sagc_jax.train.shapes import check_batch_shapes
+    from sagc_jax.programs.shapes import check_batch_shapes
 
     cfg = load_config(None, [*TAIL, "train.prompts_per_step=4", "tail_batching.extra=0.25"])
     with pytest.raises(ConfigError, match="a tail step starts 5 prompts"):

@@ -224,7 +224,7 @@ def test_sft_then_train_from_the_warm_start(tmp_path, capsys):
         [*TINY, "train.steps=1", f"train.init_checkpoint={sft_dir}", "logging.tensorboard=false"],
     )
     trainer = Trainer(cfg, tmp_path / "rl")
-    from sagc_jax.train.policy import load_run_params
+    from sagc_jax.train.warm_start import load_run_params
 
     warm = load_run_params(sft_dir, trainer.params)
     chex.assert_trees_all_equal(warm, trainer.params)

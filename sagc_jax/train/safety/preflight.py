@@ -52,7 +52,7 @@ def ladder_key(cfg: Config) -> str:
 def check_device_memory(cfg: Config) -> None:
     """ConfigError when plan's per-device estimate for the largest candidate G exceeds the
     memory of one device (``cfg``'s prompt buckets must be concrete)."""
-    from sagc_jax.train.plan import memory_plan
+    from sagc_jax.planning.plan import memory_plan
 
     available, what = device_memory()
     plan = memory_plan(cfg, jax.device_count(), available)
@@ -75,7 +75,7 @@ def rollout_slots(cfg: Config, report: Callable[[str], None]) -> int:
     slots = cfg.sampling.slots
     if slots != "auto":
         return slots
-    from sagc_jax.train.plan import auto_slots
+    from sagc_jax.planning.plan import auto_slots
 
     chosen = auto_slots(cfg, jax.device_count(), device_memory()[0])
     report(f"sampling.slots = auto: {chosen} rows decode at once")

@@ -20,10 +20,10 @@ import numpy as np
 from sagc_jax.config import Config, ConfigError, changed_keys, to_dict
 from sagc_jax.controller import GroupController
 from sagc_jax.parallel import gather_rows
+from sagc_jax.programs.tail import TailBatcher
 from sagc_jax.train.lora_base import check_same_base
 from sagc_jax.train.safety.checkpoint import CheckpointStore
 from sagc_jax.train.safety.faults import crash_point, resume_hint
-from sagc_jax.train.tail import TailBatcher
 
 # The hybrid controller's per-prompt table: its state keys whose arrays (one row per prompt) are
 # saved as an Orbax item padded to controller.hybrid.capacity rows, not in the JSON meta.

@@ -126,8 +126,8 @@ def test_store_never_writes_nonfinite_values_and_rotates_only_sealed_steps(tmp_p
 def test_reading_another_runs_checkpoints_deletes_none_of_them(tmp_path):
     """train.init_checkpoint, eval, export and report open another run's checkpoints: a run that
     keeps five keeps its five (a reader used to rotate them to the default three on close)."""
-    from sagc_jax.train.policy import load_run_params
     from sagc_jax.train.safety.checkpoint import newest_verified_meta
+    from sagc_jax.train.warm_start import load_run_params
 
     writer = CheckpointStore(tmp_path / "checkpoints", keep=5, async_save=False)
     params = {"w": np.ones(3, np.float32)}

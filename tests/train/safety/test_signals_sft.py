@@ -21,10 +21,11 @@ from helpers import sets
 
 from sagc_jax.cli import main
 from sagc_jax.config import ConfigError, load_config
+from sagc_jax.programs.policy import build_model
 from sagc_jax.tasks.source import make_source
-from sagc_jax.train.policy import build_model, load_run_params
 from sagc_jax.train.safety.checkpoint import CheckpointStore
 from sagc_jax.train.safety.faults import CRASH_ENV
+from sagc_jax.train.warm_start import load_run_params
 
 TINY = [*TRAIN_TINY, "logging.tensorboard=false"]
 SFT = [*TINY, "sft.steps=6", "sft.batch_size=4", "sft.checkpoint_every=2"]

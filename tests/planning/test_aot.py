@@ -10,7 +10,7 @@ from helpers import TINY
 
 from sagc_jax.cli import main
 from sagc_jax.config import ConfigError
-from sagc_jax.train.aot import parse_topology, windowed_matmuls
+from sagc_jax.planning.aot import parse_topology, windowed_matmuls
 
 ARGS = ["plan", "--config", "configs/demo.yaml", *(a for kv in TINY for a in ("--set", kv))]
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None

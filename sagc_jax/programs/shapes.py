@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 
 from sagc_jax.config import Config, ConfigError
+from sagc_jax.programs.optim import make_optimizer
+from sagc_jax.programs.update import UpdateSettings
 from sagc_jax.rl import ALGORITHMS
-from sagc_jax.train.optim import make_optimizer
-from sagc_jax.train.programs import UpdateSettings
 
 
 def prompts_for(cfg: Config, group_size: int) -> int:

@@ -1,4 +1,4 @@
-"""The compiler's freed memory is handed back after each compile (sagc_jax.train.host_memory)."""
+"""The compiler's freed memory is handed back after each compile (sagc_jax.planning.host_memory)."""
 
 import sys
 
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sagc_jax.train import host_memory
+from sagc_jax.planning import host_memory
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")

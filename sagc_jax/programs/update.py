@@ -3,7 +3,7 @@
 The update is jitted once per input shape and takes one of two batches:
 - padded (``BATCH_KEYS``): one row per rollout, ``prompt_bucket + max_new_tokens`` wide, so
   each candidate G (and prompt bucket) gets its own program;
-- packed (``PACKED_KEYS``, built by ``train.packing``): rollouts' real tokens laid end to end
+- packed (``PACKED_KEYS``, built by ``programs.packing``): rollouts' real tokens laid end to end
   in rows of a fixed length, the row count one rung of a ladder: one program per rung,
   whatever G. The same loss, gradients and updates as the padded batch (with one mini-batch;
   several mini-batches draw packed rows rather than rollouts at random).
@@ -25,9 +25,9 @@ from flax import nnx
 
 from sagc_jax.models import axes as ax
 from sagc_jax.parallel import ShardingPlan
+from sagc_jax.programs.packing import PACKED_KEYS
 from sagc_jax.rl import loss_normalizer, policy_loss, weighted_policy_loss
 from sagc_jax.rl.logprobs import token_logprobs
-from sagc_jax.train.packing import PACKED_KEYS
 
 
 def completion_logprobs(
@@ -288,7 +288,7 @@ class PolicyPrograms:
 
         batch: padded (``BATCH_KEYS``): prompt_ids [N, P], prompt_lens [N], completion [N, L],
         old_logp [N, L] (rollout time), mask [N, L], adv [N]; or packed (``PACKED_KEYS``, from
-        ``train.packing.pack_update_batch``): [R, pack_len] per token and norm [R]. Numpy or
+        ``programs.packing.pack_update_batch``): [R, pack_len] per token and norm [R]. Numpy or
         (multi-process: must be) global arrays. N (R) must divide by minibatches x microbatches.
         Returns (params, opt_state, metrics averaged over updates; per-token metrics are token
         means over each update's rows); an update whose loss or gradient is not finite is

@@ -26,6 +26,10 @@ from sagc_jax.models import axes as ax
 from sagc_jax.models.hf_checkpoint import hf_architecture
 from sagc_jax.models.lora import LoRAParam
 from sagc_jax.parallel import BATCH_AXES, MESH_AXES, RULES, mesh_shape
+from sagc_jax.programs.packing import resolve_pack_len
+from sagc_jax.programs.policy import preset_architecture, run_settings
+from sagc_jax.programs.shapes import make_trainer_optimizer, prompts_for, update_settings
+from sagc_jax.programs.update import batch_spec, packed_batch_spec, packed_rows_loss, rows_loss
 from sagc_jax.rl.logprobs import chunk_positions
 from sagc_jax.sampling.schedule import row_rungs
 from sagc_jax.sim.roofline import (
@@ -40,10 +44,6 @@ from sagc_jax.sim.roofline import (
 )
 from sagc_jax.sim.steptime import Engine, StepTimer
 from sagc_jax.tasks import CharTokenizer
-from sagc_jax.train.packing import resolve_pack_len
-from sagc_jax.train.policy import preset_architecture, run_settings
-from sagc_jax.train.programs import batch_spec, packed_batch_spec, packed_rows_loss, rows_loss
-from sagc_jax.train.shapes import make_trainer_optimizer, prompts_for, update_settings
 
 GIB = 1024**3
 
@@ -65,7 +65,7 @@ STAGES = {
 # as a share of them. XLA CPU's update of SmolLM2-135M (remat none, 16 rows x 168 tokens) held
 # 0.359 GiB of temporaries a layer against 0.205 GiB of residuals (0.75 more) under its
 # breadth-first scheduler, 0.291 under the depth-first one sagc_jax sets; the tiny demo model's
-# holds little more than its residuals (tests/train/test_aot.py: within 0.8-1.2 of plan needs
+# holds little more than its residuals (tests/planning/test_aot.py: within 0.8-1.2 of plan needs
 # at most 0.2 with the depth-first scheduler: its G = 4 update is at 0.81). One factor cannot
 # fit both (docs/scale-out.md, "Memory of a real model on CPU").
 BACKWARD_TEMPS = 0.2

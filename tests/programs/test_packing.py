@@ -1,6 +1,6 @@
 """Packed update: the host packer, segment-causal attention, and packed == padded for the loss,
 gradients and parameters (GRPO / DAPO / Dr. GRPO, KL, micro-batches, a mesh), one program per
-rung. ``python tests/train/test_packing.py mesh`` is the 8-simulated-device part (run in a
+rung. ``python tests/programs/test_packing.py mesh`` is the 8-simulated-device part (run in a
 subprocess).
 """
 
@@ -21,8 +21,7 @@ from helpers import PYTHONPATH
 
 from sagc_jax.models import Decoder, get_preset
 from sagc_jax.models.layers import _attend_dot_product, _attend_splash, attend, resolve_attention
-from sagc_jax.rl import completion_mask, loss_normalizer
-from sagc_jax.train.packing import (
+from sagc_jax.programs.packing import (
     PACKED_KEYS,
     pack_update_batch,
     packed_rows_needed,
@@ -30,7 +29,7 @@ from sagc_jax.train.packing import (
     row_ladder,
     row_multiple,
 )
-from sagc_jax.train.programs import (
+from sagc_jax.programs.update import (
     PolicyPrograms,
     StateShardings,
     UpdateSettings,
@@ -39,6 +38,7 @@ from sagc_jax.train.programs import (
     packed_rows_loss,
     rows_loss,
 )
+from sagc_jax.rl import completion_mask, loss_normalizer
 
 P, L = 8, 8  # prompt bucket, max new tokens
 ALGOS = {"grpo": "seq_mean", "dapo": "token_mean", "dr_grpo": "constant"}

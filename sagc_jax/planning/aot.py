@@ -35,19 +35,19 @@ from sagc_jax.models import lora as lora_lib
 from sagc_jax.models.layers import attention_platform
 from sagc_jax.models.lora import LoRAParam
 from sagc_jax.parallel import ShardingPlan
-from sagc_jax.sampling.sampler import Sampler
-from sagc_jax.sim.roofline import HARDWARE, model_costs, update_passes
-from sagc_jax.train.host_memory import resident_bytes
-from sagc_jax.train.packing import resolve_pack_len, row_ladder, row_multiple
-from sagc_jax.train.plan import GIB, architecture, memory_plan
-from sagc_jax.train.programs import PolicyPrograms, StateShardings, batch_spec, packed_batch_spec
-from sagc_jax.train.shapes import (
+from sagc_jax.planning.host_memory import resident_bytes
+from sagc_jax.planning.plan import GIB, architecture, memory_plan
+from sagc_jax.programs.packing import resolve_pack_len, row_ladder, row_multiple
+from sagc_jax.programs.shapes import (
     check_batch_shapes,
     make_trainer_optimizer,
     prompts_for,
     rollout_shapes,
     update_settings,
 )
+from sagc_jax.programs.update import PolicyPrograms, StateShardings, batch_spec, packed_batch_spec
+from sagc_jax.sampling.sampler import Sampler
+from sagc_jax.sim.roofline import HARDWARE, model_costs, update_passes
 
 # TPU generations a target may name: the roofline preset with the chip's HBM, and whether the
 # Cloud name's number counts TensorCores (two per chip: v4, v5p) or chips (v5e, v6e).
@@ -339,7 +339,7 @@ def run_programs(cfg: Config, target: Target, shapes: str = "largest") -> list[P
                 )
             )
     if cfg.tail_batching.enabled:
-        from sagc_jax.train.tail import TailBatcher
+        from sagc_jax.programs.tail import TailBatcher
 
         tail = TailBatcher(cfg.tail_batching, processes)
         for g in controller.candidates:
@@ -405,7 +405,7 @@ def _rollout_slots(cfg: Config, target: Target) -> int:
     slots = cfg.sampling.slots
     if slots != "auto":
         return slots
-    from sagc_jax.train.plan import auto_slots
+    from sagc_jax.planning.plan import auto_slots
 
     if target.memory_bytes is None:
         raise ConfigError("sampling.slots = auto needs the device memory: pass --device-memory")

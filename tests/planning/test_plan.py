@@ -8,7 +8,7 @@ from helpers import ROOT
 
 from sagc_jax.cli import main
 from sagc_jax.config import ConfigError, load_config
-from sagc_jax.train.plan import auto_slots, lora_comparison, memory_plan
+from sagc_jax.planning.plan import auto_slots, lora_comparison, memory_plan
 
 PAPER = ROOT / "configs" / "paper"
 
