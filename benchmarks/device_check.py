@@ -52,7 +52,7 @@ def _force_full_length(trainer: Trainer) -> None:
         pad_id=old.pad_id,
         decode_chunk=old.decode_chunk,
         plan=old.plan,
-        state_shardings=jax.tree.map(lambda x: x.sharding, trainer.params),
+        state_shardings=jax.tree.map(lambda x: x.sharding, trainer.state.params),
     )
 
 
@@ -79,7 +79,7 @@ def run(preset: str, packing: bool, args, hw, eff) -> dict:
         trainer = Trainer(load_config(None, overrides), run_dir, log=False)
         if not args.stop_at_eos:
             _force_full_length(trainer)
-        params = sum(x.size for x in jax.tree.leaves(trainer.params))
+        params = sum(x.size for x in jax.tree.leaves(trainer.state.params))
         costs = model_costs(trainer.model_config)
         records = [trainer.record(trainer.train_step()) for _ in range(args.steps)]
         trainer.lock.release()

@@ -291,6 +291,7 @@ def run_sagc(jax_model, cfg, prompts_pt, args) -> tuple[Timing, float]:
     from sagc_jax.config import MeshConfig
     from sagc_jax.parallel import ShardingPlan
     from sagc_jax.programs.optim import make_optimizer
+    from sagc_jax.programs.state import PolicyState
     from sagc_jax.programs.update import PolicyPrograms, StateShardings, UpdateSettings
     from sagc_jax.rl import completion_mask, group_advantages
     from sagc_jax.sampling.sampler import Sampler
@@ -322,6 +323,10 @@ def run_sagc(jax_model, cfg, prompts_pt, args) -> tuple[Timing, float]:
         temperature=1.0,
         max_new_tokens=new_tokens,
     )
+
+    def state() -> PolicyState:
+        return PolicyState(params, opt_state)
+
     # Row r belongs to group r // G, as in `train.rollout.generate`.
     prompt_ids = np.repeat(np.asarray(prompts_pt, np.int32), group, axis=0)
     prompt_lens = np.full((prompts * group,), PROMPT_LEN, np.int32)
@@ -405,11 +410,11 @@ def run_sagc(jax_model, cfg, prompts_pt, args) -> tuple[Timing, float]:
         paused = 0.0
         if shape not in update_shapes:  # a new packed row count: compile it outside the step
             t1 = time.perf_counter()
-            programs.compile_update(params, opt_state, batch, update_key, settings)
+            programs.lower_update(state(), batch, update_key, settings).compile()
             paused = time.perf_counter() - t1
             compile_s += paused
             update_shapes.add(shape)
-        params, opt_state, upd = programs.update(params, opt_state, batch, update_key, settings)
+        params, opt_state, upd = programs.update(state(), batch, update_key, settings)
         upd = jax.device_get(upd)
         if args.workload == "forced":
             assert int(lengths.min()) == new_tokens, lengths

@@ -32,6 +32,7 @@ from sagc_jax.models.hf_checkpoint import hf_architecture, save_hf_params
 from sagc_jax.models.hf_lora import save_merged, save_peft_adapters
 from sagc_jax.models.lora import LoRAParam
 from sagc_jax.programs.policy import (
+    adapted_architecture,
     build_model,
     build_tokenizer,
     preset_architecture,
@@ -252,13 +253,11 @@ def lora_run_weights(
     newest checkpoint (``ckpt``, or the newest that still verifies if it is deleted while it is
     read): the base built as the trainer builds it and checked against the one the adapters
     were trained over."""
-    cfg, m = ckpt.cfg, ckpt.cfg.model
+    cfg = ckpt.cfg
     params = nnx.state(build_model(cfg, tokenizer, seed=cfg.train.seed), nnx.Param)
     if cfg.train.init_checkpoint:
         params = load_run_params(cfg.train.init_checkpoint, params)
-    adapted = _architecture(cfg, tokenizer).replace(
-        lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, lora_targets=m.lora_targets
-    )
+    adapted = adapted_architecture(cfg, _architecture(cfg, tokenizer))
     ckpt, items = _restore(ckpt, {"params": _abstract(adapted, LoRAParam)}, unfinished_ok)
     check_same_base(ckpt.meta.get("base"), base_identity(cfg), ckpt.step)
     return ckpt, params, items["params"], adapted

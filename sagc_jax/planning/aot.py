@@ -16,7 +16,6 @@ sampler, and with LoRA the merge of the adapters into the weights the samplers d
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib.util
 import math
 import re
@@ -26,26 +25,21 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from sagc_jax.config import Config, ConfigError
 from sagc_jax.controller import make_controller
-from sagc_jax.models import Decoder
-from sagc_jax.models import lora as lora_lib
 from sagc_jax.models.layers import attention_platform
-from sagc_jax.models.lora import LoRAParam
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.planning.host_memory import resident_bytes
 from sagc_jax.planning.plan import GIB, architecture, memory_plan
 from sagc_jax.programs.packing import resolve_pack_len, row_ladder, row_multiple
 from sagc_jax.programs.shapes import (
     check_batch_shapes,
-    make_trainer_optimizer,
-    prompts_for,
     rollout_shapes,
-    update_settings,
+    tail_rollout_shapes,
 )
-from sagc_jax.programs.update import PolicyPrograms, StateShardings, batch_spec, packed_batch_spec
+from sagc_jax.programs.state import abstract_policy, build_run
+from sagc_jax.programs.update import batch_spec, packed_batch_spec
 from sagc_jax.sampling.sampler import Sampler
 from sagc_jax.sim.roofline import HARDWARE, model_costs, update_passes
 
@@ -191,12 +185,6 @@ def device_bytes(tree) -> int:
     return total
 
 
-def _abstract(tree, shardings):
-    return jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
-    )
-
-
 def loops_counted_once(devices) -> bool:
     """Whether the target's cost analysis counts a loop's body once (XLA's HLO cost analysis
     does, whatever the trip count): probed with a 4-step scan of one matmul."""
@@ -224,50 +212,16 @@ def run_programs(cfg: Config, target: Target, shapes: str = "largest") -> list[P
     arch, _ = architecture(cfg)
     m, s, t = cfg.model, cfg.sampling, cfg.train
 
-    # The run's state, abstract, split as the trainer splits it.
-    model = nnx.eval_shape(lambda: Decoder(arch, rngs=nnx.Rngs(0)))
-    graphdef, params = nnx.split(model)
-    param_shardings = plan.params(params)
-    params = _abstract(params, param_shardings)
-    base = base_shardings = None
-    sampling_graphdef, decoded = graphdef, params
-    merge = None
-    if m.lora_rank:  # the params become the frozen base; the adapters are trained
-        adapted = arch.replace(
-            lora_rank=m.lora_rank,
-            lora_alpha=m.lora_alpha,
-            lora_targets=m.lora_targets,
-            lora_dropout=m.lora_dropout,
-        )
-        graphdef, adapters, _ = nnx.split(
-            nnx.eval_shape(lambda: Decoder(adapted, rngs=nnx.Rngs(0))), LoRAParam, ...
-        )
-        base, base_shardings = params, param_shardings
-        param_shardings = plan.params(adapters)
-        params = _abstract(adapters, param_shardings)
-        merge = jax.jit(
-            functools.partial(lora_lib.merge_adapters, lora_scale=lora_lib.scale(adapted)),
-            out_shardings=base_shardings,
-        )
-    tx = make_trainer_optimizer(cfg)
-    opt_abstract = jax.eval_shape(tx.init, params)
-    opt_shardings = plan.opt_state(tx, opt_abstract, param_shardings)
-    opt_state = _abstract(opt_abstract, opt_shardings)
-    ref_params = params if cfg.loss.kl_beta > 0 and base is None else None
-    state_shardings = StateShardings(
-        param_shardings,
-        opt_shardings,
-        param_shardings if ref_params is not None else None,
-        base_shardings,
-    )
-    programs = PolicyPrograms(graphdef, tx, plan, state_shardings)
-    settings = update_settings(cfg)
+    # The run's state, abstract, built as the trainer builds it.
+    policy = abstract_policy(arch, plan)
+    run, state = build_run(cfg, plan, policy, concrete=False)
+    decoded = policy.params  # what the samplers decode (with LoRA: the base, merged into)
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=plan.replicated)
 
     # What stays in memory beside a sampler: everything trained, less what it decodes.
-    state_bytes = device_bytes((params, opt_state, ref_params, base))
-    decoded_bytes = device_bytes(base if base is not None else params)
-    beside_sampler = state_bytes - (0 if base is not None else decoded_bytes)
+    state_bytes = device_bytes(state)
+    decoded_bytes = device_bytes(decoded)
+    beside_sampler = state_bytes - (0 if state.base is not None else decoded_bytes)
 
     buckets = sorted(s.prompt_buckets)
     buckets = buckets if shapes == "all" else buckets[-1:]
@@ -276,7 +230,7 @@ def run_programs(cfg: Config, target: Target, shapes: str = "largest") -> list[P
 
     def sampler(slots: int) -> Sampler:
         return Sampler(
-            sampling_graphdef,
+            run.sampling_graphdef,
             arch,
             eos_ids=eos,
             pad_id=0,
@@ -284,7 +238,7 @@ def run_programs(cfg: Config, target: Target, shapes: str = "largest") -> list[P
             slots=slots,
             row_buckets=s.row_buckets,
             plan=plan,
-            state_shardings=base_shardings or param_shardings,
+            state_shardings=run.sampling_shardings,
         )
 
     def on_target(fn, *args, **kwargs):
@@ -298,12 +252,12 @@ def run_programs(cfg: Config, target: Target, shapes: str = "largest") -> list[P
 
     rollout_sampler = sampler(_rollout_slots(cfg, target))
     out: list[Program] = []
-    if merge is not None:
+    if run.merge is not None:
         out.append(
             Program(
                 "merge adapters",
                 f"rank {m.lora_rank} into {decoded_bytes / GIB:.2f} GiB/device",
-                on_target(merge.lower, params, base),
+                on_target(run.merge.lower, state.params, state.base),
                 state_bytes,
                 None,
                 None,
@@ -339,12 +293,8 @@ def run_programs(cfg: Config, target: Target, shapes: str = "largest") -> list[P
                 )
             )
     if cfg.tail_batching.enabled:
-        from sagc_jax.programs.tail import TailBatcher
-
-        tail = TailBatcher(cfg.tail_batching, processes)
-        for g in controller.candidates:
-            local, extra = tail.shape(prompts_for(cfg, g))
-            started = (local + extra) * processes
+        tails = tail_rollout_shapes(cfg, controller.candidates, processes)
+        for g, (started, keep) in tails.items():
             lower = on_target(
                 rollout_sampler.lower,
                 decoded,
@@ -352,18 +302,16 @@ def run_programs(cfg: Config, target: Target, shapes: str = "largest") -> list[P
                 buckets[-1],
                 max_new_tokens=new,
                 prompts=started,
-                keep_groups=local,
+                keep_groups=keep,
             )
-            detail = f"{started * g} rollouts of {started} prompts, keeps {local * processes}"
+            detail = f"{started * g} rollouts of {started} prompts, keeps {keep * processes}"
             out.append(Program(f"tail sampler G={g}", detail, lower, beside_sampler, None, None))
 
     counted_once = loops_counted_once(target.devices)
     for label, (rollouts, _) in rollout_shapes(cfg, controller.candidates).items():
         batches = _update_batches(cfg, plan, processes, rollouts, buckets, shapes)
         for i, (rows, width, batch) in enumerate(batches):
-            lower = on_target(
-                programs.lower_update, params, opt_state, batch, key, settings, ref_params, base
-            )
+            lower = on_target(run.lower_update, state, batch, key)
             layout = "packed" if t.packing else "padded"
             flops, scale = _update_flops(cfg, arch, rows, width, len(target.devices), counted_once)
             top = i == len(batches) - 1  # the largest rung or bucket, which plan's estimate sizes

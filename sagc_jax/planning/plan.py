@@ -27,7 +27,7 @@ from sagc_jax.models.hf_checkpoint import hf_architecture
 from sagc_jax.models.lora import LoRAParam
 from sagc_jax.parallel import BATCH_AXES, MESH_AXES, RULES, mesh_shape
 from sagc_jax.programs.packing import resolve_pack_len
-from sagc_jax.programs.policy import preset_architecture, run_settings
+from sagc_jax.programs.policy import adapted_architecture, preset_architecture, run_settings
 from sagc_jax.programs.shapes import make_trainer_optimizer, prompts_for, update_settings
 from sagc_jax.programs.update import batch_spec, packed_batch_spec, packed_rows_loss, rows_loss
 from sagc_jax.rl.logprobs import chunk_positions
@@ -222,9 +222,7 @@ def memory_plan(
     m = cfg.model
     lora = f"rank {m.lora_rank} on {', '.join(m.lora_targets)}" if m.lora_rank else ""
     if lora:  # the adapted model: adapters trained, the weights under them frozen
-        arch = arch.replace(
-            lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, lora_targets=m.lora_targets
-        )
+        arch = adapted_architecture(cfg, arch)
     model = nnx.eval_shape(lambda: Decoder(arch, rngs=nnx.Rngs(0)))
     graphdef, adapters, params = nnx.split(model, LoRAParam, ...)
     logical = nnx.get_partition_spec(params)

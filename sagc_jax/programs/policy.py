@@ -1,10 +1,11 @@
 """Build the policy (model, tokenizer) a run trains, from a preset or a Hugging Face checkpoint,
-and its LoRA adapters (the parameters of an earlier run, the SFT warm start, are
-``train.warm_start``'s)."""
+and describe its LoRA-adapted model (the adapters themselves: ``programs.state``; the
+parameters of an earlier run, the SFT warm start: ``train.warm_start``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -12,9 +13,19 @@ from flax import nnx
 
 from sagc_jax.config import Config, ConfigError
 from sagc_jax.models import Decoder, DecoderConfig, Tokenizer, get_preset, load_hf_checkpoint
-from sagc_jax.models.lora import LoRAParam
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.tasks import CharTokenizer
+
+
+class Policy(NamedTuple):
+    """The model a run starts from, placed by the run's ``ShardingPlan``: ``graphdef``,
+    ``params`` (arrays, or ShapeDtypeStructs with shardings), its architecture and the params'
+    shardings."""
+
+    graphdef: nnx.GraphDef
+    params: Any
+    arch: DecoderConfig
+    shardings: Any
 
 
 def build_tokenizer(cfg: Config):
@@ -46,8 +57,8 @@ def build_model(cfg: Config, tokenizer, seed: int) -> Decoder:
     return Decoder(preset_architecture(cfg, tokenizer), rngs=nnx.Rngs(seed))
 
 
-def build_sharded_policy(cfg: Config, tokenizer, seed: int, plan: ShardingPlan):
-    """(graphdef, params, architecture, param shardings) with the params placed by ``plan``.
+def build_sharded_policy(cfg: Config, tokenizer, seed: int, plan: ShardingPlan) -> Policy:
+    """The run's model with its params placed by ``plan``.
 
     A random preset is initialised inside one program whose outputs are already split, so no
     device ever holds the whole model; HF weights are read (onto the first device), copied to
@@ -62,7 +73,7 @@ def build_sharded_policy(cfg: Config, tokenizer, seed: int, plan: ShardingPlan):
             host = np.asarray(x)
             return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
-        return graphdef, jax.tree.map(place, params, shardings), model.config, shardings
+        return Policy(graphdef, jax.tree.map(place, params, shardings), model.config, shardings)
     arch = preset_architecture(cfg, tokenizer)
 
     def init():
@@ -70,30 +81,19 @@ def build_sharded_policy(cfg: Config, tokenizer, seed: int, plan: ShardingPlan):
 
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Decoder(arch, rngs=nnx.Rngs(seed))))
     shardings = plan.params(abstract)
-    return graphdef, jax.jit(init, out_shardings=shardings)(), arch, shardings
+    return Policy(graphdef, jax.jit(init, out_shardings=shardings)(), arch, shardings)
 
 
-def build_sharded_adapters(cfg: Config, base_arch: DecoderConfig, seed: int, plan: ShardingPlan):
-    """(graphdef, adapters, adapter shardings, architecture) of the LoRA-adapted ``base_arch``
-    (``model.lora_*``): the graphdef of the whole adapted model, to merge with the adapters and
-    the base's params (``nnx.merge(graphdef, adapters, base)``); the adapters freshly
-    initialised (B zeros) inside one program placed by ``plan`` (the base weights it would draw
-    are never computed: only the adapters are its outputs)."""
+def adapted_architecture(cfg: Config, base_arch: DecoderConfig) -> DecoderConfig:
+    """``base_arch`` with the run's LoRA adapters (``model.lora_*``): the one place a run's
+    adapted model is described (the trainer, plan, export)."""
     m = cfg.model
-    arch = base_arch.replace(
+    return base_arch.replace(
         lora_rank=m.lora_rank,
         lora_alpha=m.lora_alpha,
         lora_targets=m.lora_targets,
         lora_dropout=m.lora_dropout,
     )
-
-    def adapted():
-        return Decoder(arch, rngs=nnx.Rngs(seed))
-
-    graphdef, abstract, _ = nnx.split(nnx.eval_shape(adapted), LoRAParam, ...)
-    shardings = plan.params(abstract)
-    init = jax.jit(lambda: nnx.split(adapted(), LoRAParam, ...)[1], out_shardings=shardings)
-    return graphdef, init(), shardings, arch
 
 
 def run_settings(cfg: Config) -> dict:

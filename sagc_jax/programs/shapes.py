@@ -9,6 +9,7 @@ import math
 
 from sagc_jax.config import Config, ConfigError
 from sagc_jax.programs.optim import make_optimizer
+from sagc_jax.programs.tail import TailBatcher
 from sagc_jax.programs.update import UpdateSettings
 from sagc_jax.rl import ALGORITHMS
 
@@ -35,6 +36,21 @@ def rollout_shapes(cfg: Config, candidates: tuple[int, ...]) -> dict[str, tuple[
     if budget:
         return {f"B={budget}": (budget, cfg.train.prompts_per_step)}
     return {f"G={g}": (prompts_for(cfg, g) * g, prompts_for(cfg, g)) for g in candidates}
+
+
+def tail_rollout_shapes(
+    cfg: Config, candidates: tuple[int, ...], processes: int
+) -> dict[int, tuple[int, int]]:
+    """G -> (prompts a tail step starts, every process's; groups each process keeps) of the
+    rollout of a step under tail batching: each process's trained prompts and the extra ones
+    started beyond them (``tail_batching.extra``); the rollout stops once the kept ones are
+    complete."""
+    tail = TailBatcher(cfg.tail_batching, processes)
+    shapes = {}
+    for g in candidates:
+        keep, extra = tail.shape(prompts_for(cfg, g))
+        shapes[g] = ((keep + extra) * processes, keep)
+    return shapes
 
 
 def check_hybrid(cfg: Config, processes: int = 1) -> None:

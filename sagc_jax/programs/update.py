@@ -271,20 +271,12 @@ class PolicyPrograms:
     def _rules(self):
         return self.plan.activate() if self.plan is not None else contextlib.nullcontext()
 
-    def update(
-        self,
-        params,
-        opt_state,
-        batch: dict,
-        key,
-        settings: UpdateSettings,
-        ref_params=None,
-        base=None,
-    ):
+    def update(self, state, batch: dict, key, settings: UpdateSettings):
         """Runs ``epochs x minibatches`` optimizer updates on one rollout batch.
 
-        With LoRA, ``params`` are the adapters (the only arrays differentiated and in the
-        optimizer state) and ``base`` the frozen weights under them, neither donated nor changed.
+        ``state``: a ``programs.state.PolicyState`` (params, opt_state, ref_params, base). With
+        LoRA, ``params`` are the adapters (the only arrays differentiated and in the optimizer
+        state) and ``base`` the frozen weights under them, neither donated nor changed.
 
         batch: padded (``BATCH_KEYS``): prompt_ids [N, P], prompt_lens [N], completion [N, L],
         old_logp [N, L] (rollout time), mask [N, L], adv [N]; or packed (``PACKED_KEYS``, from
@@ -294,19 +286,12 @@ class PolicyPrograms:
         means over each update's rows); an update whose loss or gradient is not finite is
         skipped and counted in ``skipped``.
         """
+        params, opt_state, ref_params, base = state
         return self._update(params, opt_state, ref_params, base, batch, key, settings)
 
-    def compile_update(
-        self, params, opt_state, batch, key, settings: UpdateSettings, ref_params=None, base=None
-    ) -> None:
-        """Compile the update for ``batch``'s shapes ahead of time (arrays or ShapeDtypeStructs);
-        the next call with those shapes reuses the executable."""
-        self.lower_update(params, opt_state, batch, key, settings, ref_params, base).compile()
-
-    def lower_update(
-        self, params, opt_state, batch, key, settings: UpdateSettings, ref_params=None, base=None
-    ) -> jax.stages.Lowered:
-        """The update for ``batch``'s shapes, lowered (arguments as `compile_update`'s)."""
+    def lower_update(self, state, batch, key, settings: UpdateSettings) -> jax.stages.Lowered:
+        """The update for ``batch``'s shapes (arrays or ShapeDtypeStructs), lowered."""
+        params, opt_state, ref_params, base = state
         return self._update.lower(params, opt_state, ref_params, base, batch, key, settings)
 
     def _update_impl(self, params, opt_state, ref_params, base, batch, key, settings):

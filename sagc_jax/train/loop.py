@@ -16,35 +16,30 @@ checkpoints with their resume rules in ``safety.run_state``.
 
 from __future__ import annotations
 
-import functools
 import time
 from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from sagc_jax.config import Config
-from sagc_jax.models import lora
 from sagc_jax.parallel import ShardingPlan, any_process, gather_rows, is_leader
 from sagc_jax.planning.host_memory import trim_after_compiles
 from sagc_jax.planning.plan import run_controller
 from sagc_jax.programs.policy import (
-    build_sharded_adapters,
     build_sharded_policy,
     build_tokenizer,
 )
 from sagc_jax.programs.shapes import (
     check_batch_shapes,
     check_hybrid,
-    make_trainer_optimizer,
-    prompts_for,
     rollout_shapes,
-    update_settings,
+    tail_rollout_shapes,
 )
+from sagc_jax.programs.state import build_run
 from sagc_jax.programs.tail import TailBatcher
-from sagc_jax.programs.update import PolicyPrograms, StateShardings, batch_spec
+from sagc_jax.programs.update import batch_spec
 from sagc_jax.rl import ALGORITHMS, group_advantages
 from sagc_jax.sampling.padding import bucket_length
 from sagc_jax.tasks.source import data_identity, make_source, with_resolved_buckets
@@ -113,45 +108,31 @@ class Trainer:
         )
         if cfg.train.memory_check:
             check_device_memory(resolved)
-        self.graphdef, self.params, self.model_config, param_shardings = build_sharded_policy(
-            cfg, self.tokenizer, cfg.train.seed, self.plan
-        )
+        policy = build_sharded_policy(cfg, self.tokenizer, cfg.train.seed, self.plan)
         if cfg.train.init_checkpoint:
-            self.params = load_run_params(cfg.train.init_checkpoint, self.params)
-        # The samplers decode the plain model: the params, or the base with the adapters merged.
-        self.sampling_graphdef, sampling_shardings = self.graphdef, param_shardings
-        self.base = base_shardings = base_id = None
-        if cfg.model.lora_rank:  # the params built so far become the frozen base
-            self.base, base_shardings = self.params, param_shardings
-            base_id = base_identity(cfg)  # the base as loaded: checkpoints record it
-            self.graphdef, self.params, param_shardings, arch = build_sharded_adapters(
-                cfg, self.model_config, cfg.train.seed, self.plan
-            )
-            merge = functools.partial(lora.merge_adapters, lora_scale=lora.scale(arch))
-            self._merge = jax.jit(merge, out_shardings=base_shardings)
-        self.tx = make_trainer_optimizer(cfg)
-        opt_shardings = self.plan.opt_state(
-            self.tx, jax.eval_shape(self.tx.init, self.params), param_shardings
-        )
-        self.opt_state = jax.jit(self.tx.init, out_shardings=opt_shardings)(self.params)
-        check_free_space(self.run_dir, (self.params, self.opt_state))  # on every process
-        self.ref_params = None  # LoRA: the reference is the base with the adapters off
-        if cfg.loss.kl_beta > 0 and self.base is None:
-            copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=param_shardings)
-            self.ref_params = copy(self.params)
+            params = load_run_params(cfg.train.init_checkpoint, policy.params)
+            policy = policy._replace(params=params)
+        base_id = base_identity(cfg) if cfg.model.lora_rank else None  # checkpoints record it
+        self.model_config = policy.arch
+        self.programs, self.state = build_run(cfg, self.plan, policy)
+        check_free_space(self.run_dir, (self.state.params, self.state.opt_state))
         self.scale_by_std = ALGORITHMS[cfg.loss.algorithm].scale_by_std
-        self.settings = update_settings(cfg)
         buckets = self.source.prompt_buckets
-        self.batcher = UpdateBatcher(cfg, self.plan, buckets, self.settings.aggregation)
-        ref_shardings = param_shardings if self.ref_params is not None else None
-        shardings = StateShardings(param_shardings, opt_shardings, ref_shardings, base_shardings)
-        self.programs = PolicyPrograms(self.graphdef, self.tx, self.plan, shardings)
-        on_mesh = dict(plan=self.plan, state_shardings=sampling_shardings, sampling=cfg.sampling)
+        self.batcher = UpdateBatcher(cfg, self.plan, buckets, self.programs.settings.aggregation)
+        on_mesh = dict(
+            plan=self.plan,
+            state_shardings=self.programs.sampling_shardings,
+            sampling=cfg.sampling,
+        )
         # two samplers, so that compiles/sampler counts the rollout programs only; held-out
         # prompts decode one slot each
         self.sampler, self.eval_sampler = (
             policy_sampler(
-                self.sampling_graphdef, self.model_config, self.tokenizer, slots=slots, **on_mesh
+                self.programs.sampling_graphdef,
+                self.model_config,
+                self.tokenizer,
+                slots=slots,
+                **on_mesh,
             )
             for slots in (rollout_slots(resolved, self._say), 0)
         )
@@ -166,9 +147,10 @@ class Trainer:
             base_id=base_id,
             report=self._say,
         )
-        resumed = self.run_state.resume(self.params, self.opt_state)
+        resumed = self.run_state.resume(self.state.params, self.state.opt_state)
         if resumed is not None:
-            self.step, self.params, self.opt_state = resumed
+            self.step, params, opt_state = resumed
+            self.state = self.state._replace(params=params, opt_state=opt_state)
         # a finished run is left exactly as it is: no log is opened, nothing is rewritten
         self.writer = MetricsWriter(
             self.run_dir,
@@ -179,11 +161,8 @@ class Trainer:
         )
 
     def sampling_params(self):
-        """What the samplers decode: the params, or (LoRA) the base with the adapters merged in,
-        once per use (faster than adding them in every decode step: docs/lora.md)."""
-        if self.base is None:
-            return self.params
-        return self._merge(self.params, self.base)
+        """What the samplers decode now (``RunPrograms.sampling_params``)."""
+        return self.programs.sampling_params(self.state)
 
     @property
     def finished(self) -> bool:
@@ -195,7 +174,7 @@ class Trainer:
 
     def save(self) -> None:
         """Checkpoint the run at its current step (a collective)."""
-        self.run_state.save(self.step, self.params, self.opt_state)
+        self.run_state.save(self.step, self.state.params, self.state.opt_state)
 
     # ------------------------------------------------------------------ compilation
 
@@ -222,15 +201,12 @@ class Trainer:
                 continue
             # shaped and placed as a real batch: rows split over the mesh
             batch = batch_spec(n, bucket, new, self.plan.rows)
-            self.programs.compile_update(
-                self.params, self.opt_state, batch, key, self.settings, self.ref_params, self.base
-            )
+            self.programs.compile_update(self.state, batch, key)
             t2 = time.perf_counter()
             log(f"compiled {label} ({n} rollouts): rollout {t1 - t0:.1f} s, update {t2 - t1:.1f} s")
         if self.tail is not None:  # a tail step's rollout: more prompts, the exit test
-            for g in self.controller.candidates:
-                local, extra = self.tail.shape(prompts_for(cfg, g))
-                started = (local + extra) * jax.process_count()
+            tails = tail_rollout_shapes(cfg, self.controller.candidates, jax.process_count())
+            for g, (started, keep) in tails.items():
                 t0 = time.perf_counter()
                 self.sampler.compile(
                     self.sampling_params(),
@@ -238,7 +214,7 @@ class Trainer:
                     bucket,
                     max_new_tokens=new,
                     prompts=started,
-                    keep_groups=local,
+                    keep_groups=keep,
                 )
                 seconds = time.perf_counter() - t0
                 log(f"compiled tail step G={g} ({started * g} rollouts): rollout {seconds:.1f} s")
@@ -306,7 +282,7 @@ class Trainer:
         """Whether the step's update runs: some rollout of some process has a non-zero
         advantage, or the KL term pulls toward the reference, or ``train.skip_no_signal`` is
         off (a collective: every process calls it and gets the same answer)."""
-        if not self.cfg.train.skip_no_signal or self.settings.kl_beta > 0:
+        if not self.cfg.train.skip_no_signal or self.programs.settings.kl_beta > 0:
             return True
         return any_process(bool(np.any(adv != 0)))
 
@@ -318,15 +294,7 @@ class Trainer:
         ``no_signal`` counts it."""
         if not has_signal:
             return {"loss": 0.0, "grad_norm": 0.0, "skipped": 0.0, "no_signal": 1.0}
-        self.params, self.opt_state, upd = self.programs.update(
-            self.params,
-            self.opt_state,
-            update_batch,
-            key,
-            self.settings,
-            self.ref_params,
-            self.base,
-        )
+        self.state, upd = self.programs.update(self.state, update_batch, key)
         return {**{k: float(v) for k, v in jax.device_get(upd).items()}, "no_signal": 0.0}
 
     def _log(self, result: StepResult) -> StepLog:

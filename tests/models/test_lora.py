@@ -117,38 +117,33 @@ def test_only_the_adapters_train_and_the_reference_is_the_base(tmp_path):
     overrides = [*TINY, *LORA, "train.steps=2", "loss.kl_beta=0.05", "model.param_dtype=bfloat16"]
     cfg = load_config(None, overrides)
     trainer = Trainer(cfg, tmp_path / "run")
-    base, fresh = _leaves(trainer.base), _leaves(trainer.params)
+    base, fresh = _leaves(trainer.state.base), _leaves(trainer.state.params)
     assert {str(x.dtype) for x in base} == {"bfloat16"}  # the base as configured
     assert {str(x.dtype) for x in fresh} == {"float32"}  # the adapters always
-    adapter_shapes = [x.shape for x in jax.tree.leaves(trainer.params)]
+    adapter_shapes = [x.shape for x in jax.tree.leaves(trainer.state.params)]
     # the optimizer's moments mirror the adapters only: no moment, no master copy of a weight
-    moments = [x.shape for x in jax.tree.leaves(trainer.opt_state) if np.ndim(x) > 0]
+    moments = [x.shape for x in jax.tree.leaves(trainer.state.opt_state) if np.ndim(x) > 0]
     assert sorted(moments) == sorted(adapter_shapes * 2)
-    assert trainer.ref_params is None  # the reference is the base: no copy of it
+    assert trainer.state.ref_params is None  # the reference is the base: no copy of it
     kls = []
     for seed in range(2):
-        trainer.params, trainer.opt_state, upd = trainer.programs.update(
-            trainer.params,
-            trainer.opt_state,
-            _update_batch(seed=seed),
-            jax.random.key(seed),
-            trainer.settings,
-            base=trainer.base,
+        trainer.state, upd = trainer.programs.update(
+            trainer.state, _update_batch(seed=seed), jax.random.key(seed)
         )
         kls.append(float(upd["kl"]))
         assert float(upd["grad_norm"]) > 0 and float(upd["skipped"]) == 0
     assert kls[0] == 0.0 < kls[1]  # fresh adapters are the reference; trained ones are not
-    for a, b in zip(_leaves(trainer.base), base, strict=True):
+    for a, b in zip(_leaves(trainer.state.base), base, strict=True):
         np.testing.assert_array_equal(a, b)  # frozen
     changed = [
-        not np.array_equal(a, b) for a, b in zip(_leaves(trainer.params), fresh, strict=True)
+        not np.array_equal(a, b) for a, b in zip(_leaves(trainer.state.params), fresh, strict=True)
     ]
     assert all(changed)
     trainer.run(progress=False)  # the trainer's own steps: one program each, the base named
     trainer.close()
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     sizes = {r["group_size"] for r in lines if "group_size" in r}
-    assert trainer._merge._cache_size() == 1 and trainer.sampler.num_traces == len(sizes)
+    assert trainer.programs.merge._cache_size() == 1 and trainer.sampler.num_traces == len(sizes)
     meta = json.loads((tmp_path / "run" / "checkpoints" / "2" / "meta" / "metadata").read_text())
     assert meta["base"] == {"preset": "tiny", "seed": cfg.train.seed}
 

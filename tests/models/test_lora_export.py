@@ -136,7 +136,7 @@ def _adapted_logits(overrides: list[str], tokens_bt) -> np.ndarray:
     """Logits of a finished LoRA run as its trainer restores it: adapters over the base."""
     trainer = Trainer(load_config(None, overrides), overrides[-1].split("=", 1)[1])
     trainer.close()
-    model = nnx.merge(trainer.graphdef, trainer.params, trainer.base)
+    model = nnx.merge(trainer.programs.graphdef, trainer.state.params, trainer.state.base)
     return np.asarray(forward(model, jnp.asarray(tokens_bt)))
 
 
@@ -223,7 +223,9 @@ def test_export_of_a_full_fine_tuning_run_and_one_line_errors(tmp_path, capsys):
     trainer = Trainer(load_config(None, run), tmp_path / "run")
     trainer.close()
     tokens_bt = TOKENS_BT % CharTokenizer().vocab_size
-    want_btv = np.asarray(forward(nnx.merge(trainer.graphdef, trainer.params), tokens_bt))
+    want_btv = np.asarray(
+        forward(nnx.merge(trainer.programs.graphdef, trainer.state.params), tokens_bt)
+    )
     merged = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     assert np.abs(hf_logits(merged, tokens_bt) - want_btv).max() <= 1e-4
 

@@ -11,14 +11,12 @@ import sys
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from sagc_jax.config import MeshConfig, load_config
 from sagc_jax.parallel import ShardingPlan, bytes_per_device
-from sagc_jax.programs.optim import make_optimizer
 from sagc_jax.programs.policy import build_sharded_policy
-from sagc_jax.programs.update import PolicyPrograms, StateShardings, UpdateSettings
+from sagc_jax.programs.state import build_run
 from sagc_jax.rl import completion_mask
 from sagc_jax.sampling import left_pad
 from sagc_jax.train.evaluate import policy_sampler
@@ -53,29 +51,22 @@ def batch():
 
 
 def run(mesh_shape, devices, kl_beta):
-    cfg = load_config(None, ["model.preset=tiny", "data.task=synthetic"])
+    """The run's state and programs as the trainer builds them (``programs.state.build_run``)
+    on the mesh ``mesh_shape``: one greedy generation, two updates."""
+    overrides = ["model.preset=tiny", "data.task=synthetic", f"loss.kl_beta={kl_beta}"]
+    overrides += ["train.minibatches=2", "train.microbatches=2", "train.learning_rate=1e-3"]
+    overrides += [f"sampling.max_new_tokens={NEW}", "loss.algorithm=dapo", "loss.eps_high=0.28"]
+    cfg = load_config(None, overrides)
     plan = ShardingPlan.from_config(MeshConfig(*mesh_shape), devices)
-    graphdef, params, arch, param_sh = build_sharded_policy(cfg, _Tok(), 0, plan)
-    tx = make_optimizer(1e-3, total_steps=10)
-    opt_sh = plan.opt_state(tx, jax.eval_shape(tx.init, params), param_sh)
-    opt_state = jax.jit(tx.init, out_shardings=opt_sh)(params)
-    ref = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=param_sh)(params)
-    programs = PolicyPrograms(
-        graphdef, tx, plan, StateShardings(param_sh, opt_sh, param_sh if kl_beta else None)
-    )
-    settings = UpdateSettings(
-        aggregation="token_mean",
-        eps_low=0.2,
-        eps_high=0.28,
-        kl_beta=kl_beta,
-        temperature=1.0,
-        max_new_tokens=NEW,
-        minibatches=2,
-        microbatches=2,
-    )
+    policy = build_sharded_policy(cfg, _Tok(), 0, plan)
+    programs, state = build_run(cfg, plan, policy)
+    assert (state.ref_params is not None) == (kl_beta > 0)
+    params, opt_state = state.params, state.opt_state
     param_bytes = bytes_per_device(params)
     opt_bytes = bytes_per_device(opt_state)
-    sampler = policy_sampler(graphdef, arch, _Tok(), plan=plan, state_shardings=param_sh)
+    sampler = policy_sampler(
+        policy.graphdef, policy.arch, _Tok(), plan=plan, state_shardings=policy.shardings
+    )
     b = batch()
     out = sampler.to_host(
         sampler(
@@ -88,23 +79,10 @@ def run(mesh_shape, devices, kl_beta):
         )
     )
     cache_bytes = bytes_per_device(sampler.empty_cache(ROWS, PROMPT + NEW))
-    params, opt_state, metrics = programs.update(
-        params,
-        opt_state,
-        plan.global_rows(b),
-        jax.random.key(0),
-        settings,
-        ref if kl_beta else None,
-    )
+    state, metrics = programs.update(state, plan.global_rows(b), jax.random.key(0))
     # a second call with the same shapes must reuse the program
-    params, opt_state, _ = programs.update(
-        params,
-        opt_state,
-        plan.global_rows(b),
-        jax.random.key(0),
-        settings,
-        ref if kl_beta else None,
-    )
+    state, _ = programs.update(state, plan.global_rows(b), jax.random.key(0))
+    params = state.params
     return {
         "loss": float(metrics["loss"]),
         "grad_norm": float(metrics["grad_norm"]),

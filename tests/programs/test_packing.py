@@ -29,6 +29,7 @@ from sagc_jax.programs.packing import (
     row_ladder,
     row_multiple,
 )
+from sagc_jax.programs.state import PolicyState
 from sagc_jax.programs.update import (
     PolicyPrograms,
     StateShardings,
@@ -307,8 +308,8 @@ def test_update_equals_padded_with_kl_and_microbatches():
     programs = PolicyPrograms(graphdef, tx)
     key = jax.random.key(0)
     copy = lambda t: jax.tree.map(jnp.copy, t)  # noqa: E731  (the update donates its inputs)
-    p1, _, u1 = programs.update(copy(params), tx.init(params), b, key, s, ref)
-    p2, _, u2 = programs.update(copy(params), tx.init(params), packed, key, s, ref)
+    p1, _, u1 = programs.update(PolicyState(copy(params), tx.init(params), ref), b, key, s)
+    p2, _, u2 = programs.update(PolicyState(copy(params), tx.init(params), ref), packed, key, s)
     assert set(u1) == set(u2) >= {"loss", "grad_norm", "kl", "clip_fraction", "ratio_mean"}
     # loss, gradient norm and the per-token metrics; then the parameters
     chex.assert_trees_all_close(u2, u1, rtol=1e-5, atol=1e-6)
@@ -330,7 +331,8 @@ def test_one_update_program_per_rung():
         )
         rungs.append(rows)
         batch = pack(b, "token_mean", rows)
-        params, opt_state, _ = programs.update(params, opt_state, batch, jax.random.key(i), s)
+        state = PolicyState(params, opt_state)
+        params, opt_state, _ = programs.update(state, batch, jax.random.key(i), s)
     assert programs.compiled_programs()["update"] == len(set(rungs)) < 6
 
 

@@ -57,10 +57,12 @@ def test_a_step_without_learning_signal_runs_no_update(tmp_path):
         "data.reward_timeout_s=0",
     ]
     trainer = Trainer(load_config(None, overrides), tmp_path / "run")
-    before = jax.tree.map(np.array, (trainer.params, trainer.opt_state))
+    before = jax.tree.map(np.array, (trainer.state.params, trainer.state.opt_state))
     summary = trainer.run(progress=False)
     trainer.close()
-    chex.assert_trees_all_equal(jax.tree.map(np.array, (trainer.params, trainer.opt_state)), before)
+    chex.assert_trees_all_equal(
+        jax.tree.map(np.array, (trainer.state.params, trainer.state.opt_state)), before
+    )
     assert trainer.programs.compiled_programs()["update"] == 0
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in lines if "group_size" in r]
@@ -226,8 +228,8 @@ def test_sft_then_train_from_the_warm_start(tmp_path, capsys):
     trainer = Trainer(cfg, tmp_path / "rl")
     from sagc_jax.train.warm_start import load_run_params
 
-    warm = load_run_params(sft_dir, trainer.params)
-    chex.assert_trees_all_equal(warm, trainer.params)
+    warm = load_run_params(sft_dir, trainer.state.params)
+    chex.assert_trees_all_equal(warm, trainer.state.params)
     trainer.close()
 
 

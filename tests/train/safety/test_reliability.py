@@ -116,11 +116,11 @@ def test_nonfinite_updates_are_skipped_then_abort(tmp_path, monkeypatch, capsys)
     monkeypatch.setattr(loop, "group_advantages", nan_advantages)
     cfg = load_config(None, [*TINY, "train.steps=5", "train.max_nonfinite_steps=2"])
     trainer = Trainer(cfg, tmp_path / "run")
-    before = [np.asarray(x) for x in jax.tree.leaves(trainer.params)]
+    before = [np.asarray(x) for x in jax.tree.leaves(trainer.state.params)]
     with pytest.raises(TrainingDiverged, match="not finite in 2 steps in a row"):
         trainer.run(progress=False)
     trainer.close()
-    chex.assert_trees_all_equal(jax.tree.leaves(trainer.params), before)  # skipped: untouched
+    chex.assert_trees_all_equal(jax.tree.leaves(trainer.state.params), before)  # skipped: untouched
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [x["update/skipped"] for x in lines if "group_size" in x] == [1.0, 1.0]
     assert all("non-finite" in x["warning"] for x in lines if "group_size" in x)

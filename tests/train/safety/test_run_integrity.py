@@ -31,7 +31,7 @@ def straight(tmp_path_factory):
     trainer = Trainer(load_config(None, SIX_STEPS), run)
     trainer.run(progress=False)
     trainer.close()
-    return run, [np.asarray(x) for x in jax.tree.leaves(trainer.params)]
+    return run, [np.asarray(x) for x in jax.tree.leaves(trainer.state.params)]
 
 
 def largest_file(directory):
@@ -89,10 +89,10 @@ def test_damaged_checkpoint_falls_back_to_the_previous_good_one(tmp_path, straig
     for step in damage:
         assert f"checkpoint step {step}:" in out and "moved aside" in out
         assert (run / "checkpoints-rejected" / str(step) / "REJECTED.txt").is_file()  # kept
-    chex.assert_trees_all_equal(jax.tree.leaves(trainer.params), expected)
+    chex.assert_trees_all_equal(jax.tree.leaves(trainer.state.params), expected)
     if fault == "flipped bytes":  # and on to the uninterrupted run's result
         trainer.run(progress=False)
-        chex.assert_trees_all_equal(jax.tree.leaves(trainer.params), straight_params)
+        chex.assert_trees_all_equal(jax.tree.leaves(trainer.state.params), straight_params)
     trainer.close()
 
 
