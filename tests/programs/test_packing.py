@@ -352,7 +352,8 @@ def test_an_update_batch_off_its_spec_is_refused(change, message):
     programs = PolicyPrograms(graphdef, tx)
     batch = change(rollouts(4, seed=3))
     with pytest.raises(AssertionError, match=message):
-        programs.update(params, tx.init(params), batch, jax.random.key(0), settings("seq_mean"))
+        state = PolicyState(params, tx.init(params))
+        programs.update(state, batch, jax.random.key(0), settings("seq_mean"))
 
 
 # ---------------------------------------------------------------------- on a mesh
@@ -391,11 +392,9 @@ def _mesh_main() -> None:
     )
     results = []
     for batch in (b, pack(b, "seq_mean", rows)):
-        state = jax.tree.map(jnp.copy, params)
-        opt_state = jax.jit(tx.init, out_shardings=opt_sh)(state)
-        new, _, metrics = programs.update(
-            state, opt_state, plan.global_rows(batch), jax.random.key(0), s
-        )
+        start = jax.tree.map(jnp.copy, params)
+        state = PolicyState(start, jax.jit(tx.init, out_shardings=opt_sh)(start))
+        new, _, metrics = programs.update(state, plan.global_rows(batch), jax.random.key(0), s)
         results.append((float(metrics["loss"]), jax.tree.leaves(jax.device_get(new))))
     (l1, p1), (l2, p2) = results
     diff = max(float(np.max(np.abs(x - y))) for x, y in zip(p1, p2, strict=True))
