@@ -547,7 +547,7 @@ def test_hybrid_resume_continues_exactly(tmp_path):
     assert second.step == 2 and len(second.controller.predictor.stats) == 4
     second.run(progress=False)
     second.close()
-    chex.assert_trees_all_equal(second.params, straight.params)
+    chex.assert_trees_all_equal(second.state.params, straight.state.params)
     chex.assert_trees_all_equal(second.controller.state_dict(), straight.controller.state_dict())
 
 

@@ -102,7 +102,7 @@ def test_resume_with_prompts_waiting_continues_exactly(tmp_path):
     assert second.step == 2 and second.tail.queue == first.tail.queue
     second.run(progress=False)
     second.close()
-    chex.assert_trees_all_equal(second.params, straight.params)
+    chex.assert_trees_all_equal(second.state.params, straight.state.params)
     chex.assert_trees_all_equal(second.controller.state_dict(), straight.controller.state_dict())
     assert second.tail.queue == straight.tail.queue and second.tail.cursor == straight.tail.cursor
 

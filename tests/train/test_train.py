@@ -111,7 +111,7 @@ def test_resume_continues_exactly(tmp_path, kind):
     second.run(progress=False)
     second.close()
 
-    chex.assert_trees_all_equal(second.params, straight.params)
+    chex.assert_trees_all_equal(second.state.params, straight.state.params)
     chex.assert_trees_all_equal(second.controller.state_dict(), straight.controller.state_dict())
 
 

@@ -61,9 +61,9 @@ def test_sigkill_at_any_point_resumes_to_the_uninterrupted_result(tmp_path):
 
     s = store()
     assert s.latest_step() == 6
-    items, meta = s.restore(6, {"params": straight.params})
+    items, meta = s.restore(6, {"params": straight.state.params})
     s.close()
-    chex.assert_trees_all_equal(items["params"], straight.params)
+    chex.assert_trees_all_equal(items["params"], straight.state.params)
     mine = straight.controller.state_dict()
     for key, value in mine.items():
         np.testing.assert_array_equal(np.asarray(meta["controller"][key]), np.asarray(value))
