@@ -172,7 +172,7 @@ def test_resume_continues_exactly(tmp_path):
     second.run(progress=False)
     second.close()
     for tree in ("params", "opt_state"):
-        got, want = getattr(second, tree), getattr(straight, tree)
+        got, want = getattr(second.state, tree), getattr(straight.state, tree)
         for a, b in zip(_leaves(got), _leaves(want), strict=True):
             np.testing.assert_array_equal(a, b)
     saved = [p.name for p in (tmp_path / "resumed" / "checkpoints" / "4").iterdir()]
