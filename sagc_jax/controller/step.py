@@ -22,7 +22,7 @@ import numpy as np
 from sagc_jax.controller.observation import check_finished, check_lengths, check_ragged_lengths
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class StepObservation:
     """One step's rollouts, group by group (see the module docstring).
 
@@ -30,8 +30,9 @@ class StepObservation:
     the rows of group p consecutive; ``finished_b``: bool ``[B]`` or None (not cut; given and
     all True: a cut step whose groups all finished, reported with zero censored counts);
     ``rewards_b``: float64 ``[B]`` before shaping, or None; ``prompt_ids_p``: int64 ``[P]``
-    stable ids of the groups' prompts, or None. Constructing one checks every field and raises
-    ValueError naming the problem.
+    stable ids of the groups' prompts, or None. ``group_size`` (set from ``sizes_p``): the
+    step's G when every group has it, None for mixed sizes. Constructing one checks every
+    field and raises ValueError naming the problem.
     """
 
     lengths_b: np.ndarray
@@ -39,11 +40,15 @@ class StepObservation:
     finished_b: np.ndarray | None = None
     rewards_b: np.ndarray | None = None
     prompt_ids_p: np.ndarray | None = None
+    group_size: int | None = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
-        lengths_b, sizes_p = check_ragged_lengths(self.lengths_b, self.sizes_p)
+        lengths_b, sizes_p = _checked_rollouts(self.lengths_b, self.sizes_p)
         object.__setattr__(self, "lengths_b", lengths_b)
         object.__setattr__(self, "sizes_p", sizes_p)
+        g = int(sizes_p[0])
+        uniform = int(sizes_p.min()) == int(sizes_p.max()) == g
+        object.__setattr__(self, "group_size", g if uniform else None)
         if self.finished_b is not None:
             finished = np.asarray(self.finished_b)
             if finished.shape != lengths_b.shape or finished.dtype != np.bool_:
@@ -78,7 +83,9 @@ class StepObservation:
         """A step of one G: ``lengths_pg`` integer ``[P, G]``; ``finished_pg`` bool ``[P, G]``
         or None; ``rewards_pg`` float ``[P, G]`` or None; ``prompt_ids`` integer ``[P]`` or
         None."""
-        lengths = check_lengths(lengths_pg)
+        lengths = np.asarray(lengths_pg)
+        if lengths.ndim != 2 or 0 in lengths.shape:
+            check_lengths(lengths)  # its message; dtype and values: checked as [B] below
         if finished_pg is not None:
             check_finished(finished_pg, lengths.shape)
             finished_pg = np.asarray(finished_pg).ravel()
@@ -116,12 +123,6 @@ class StepObservation:
     def num_groups(self) -> int:
         return int(self.sizes_p.size)
 
-    @property
-    def group_size(self) -> int | None:
-        """The step's G when every group has it; None for mixed sizes."""
-        g = int(self.sizes_p[0])
-        return g if np.all(self.sizes_p == g) else None
-
     def lengths_pg(self, expected_group_size: int | None = None) -> np.ndarray:
         """int64 ``[P, G]`` view of a step of one G. Raises ValueError when the groups' sizes
         differ, or differ from ``expected_group_size`` (the G a controller proposed)."""
@@ -153,6 +154,24 @@ class StepObservation:
     def cut(self) -> bool:
         """Whether tail batching stopped some rollout before it finished."""
         return self.finished_b is not None and not bool(self.finished_b.all())
+
+
+def _checked_rollouts(lengths_b, sizes_p) -> tuple[np.ndarray, np.ndarray]:
+    """``check_ragged_lengths(lengths_b, sizes_p)``, with a fast path for the arrays the
+    constructors pass (int64, flat, consistent): a step's observation is built every step."""
+    if (
+        isinstance(lengths_b, np.ndarray)
+        and isinstance(sizes_p, np.ndarray)
+        and lengths_b.dtype == np.int64
+        and sizes_p.dtype == np.int64
+        and lengths_b.ndim == sizes_p.ndim == 1
+        and sizes_p.size > 0
+        and lengths_b.size == int(sizes_p.sum())
+        and int(sizes_p.min()) >= 1
+        and int(lengths_b.min()) >= 0
+    ):
+        return lengths_b, sizes_p
+    return check_ragged_lengths(lengths_b, sizes_p)
 
 
 def _flat(values, sizes_p: np.ndarray, name: str) -> np.ndarray | None:
