@@ -27,19 +27,21 @@ from sagc_jax.controller import (
     SAGCConfig,
     SAGCController,
     SAGCPlusController,
+    StepObservation,
 )
 from sagc_jax.sim import SyntheticWorkload
 
 
 def time_cycles(make, lengths_by_g, cycles: int, repeats: int = 5) -> float:
-    """Median over ``repeats`` of the mean seconds per propose + observe cycle."""
+    """Median over ``repeats`` of the mean seconds per propose + observe cycle (the
+    step's ``StepObservation`` built in it, as the trainer builds one per step)."""
     results = []
     for _ in range(repeats):
         controller = make()
         start = time.perf_counter()
         for t in range(cycles):
             g = controller.propose()
-            controller.observe(lengths_by_g[g][t % len(lengths_by_g[g])])
+            controller.observe(StepObservation.of_groups(lengths_by_g[g][t % len(lengths_by_g[g])]))
         results.append((time.perf_counter() - start) / cycles)
     return float(np.median(results))
 
@@ -63,7 +65,7 @@ def time_prompt_aware(make, steps, cycles: int, repeats: int = 3) -> tuple[float
                 sizes = decision
                 lengths = lengths_pg[np.arange(lengths_pg.shape[1])[None, :] < sizes[:, None]]
             mid2 = time.perf_counter()
-            controller.observe(lengths, group_sizes=sizes)
+            controller.observe(StepObservation.of_rollouts(lengths, sizes))
             end = time.perf_counter()
             if t >= 2 * len(steps):  # after two epochs of warm-up
                 d_sum += mid - start

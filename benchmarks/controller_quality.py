@@ -22,7 +22,7 @@ regret <= 0.3 log2 G on every world and both deltas).
 With ``--tail-batching [EXTRA]`` (default 0.25) every step starts ``P + ceil(EXTRA P)`` groups
 (P = ``--prompts``) and stops once P of them are whole (every rollout starts at the step's
 start, so a group ends with its longest rollout); the controllers read the cut step (lengths
-reached, finished flags: ``GroupController.observe(lengths, finished)``). The straggler rate
+reached, finished flags: ``StepObservation.of_groups(lengths, finished)``). The straggler rate
 judged is the true one: the share of all the groups started that straggle, from their full
 lengths (its expectation is the world's rate at the played G); the controller's own reading is
 reported beside it. A third row, ``sagc_plus:naive``, reads the cut lengths as if complete.

@@ -39,7 +39,7 @@ import numpy as np
 from controller_quality import cell  # a mean ± its 95% CI, as that table prints it
 
 from sagc_jax.config import ControllerConfig, load_config
-from sagc_jax.controller import make_controller
+from sagc_jax.controller import StepObservation, make_controller
 from sagc_jax.controller.sagc_value import beta_moment
 from sagc_jax.planning.plan import step_timer
 from sagc_jax.sim.worlds import TailWorld, rates_table
@@ -132,7 +132,8 @@ def play(spec: str, tails: TailWorld, rewards: RewardWorld, seconds_tk, timer) -
     out = {key: np.zeros(tails.num_steps) for key in ("g", "s", "seconds")}
     for t in range(tails.num_steps):
         g = controller.propose()
-        m = controller.observe(tails.lengths(t, g), rewards_pg=rewards.rewards(t, g))
+        obs = StepObservation.of_groups(tails.lengths(t, g), rewards_pg=rewards.rewards(t, g))
+        m = controller.observe(obs)
         k = CANDIDATES.index(g)
         out["g"][t], out["s"][t], out["seconds"][t] = g, m["s_t"], seconds_tk[t, k]
     return out

@@ -18,6 +18,7 @@ from sagc_jax.controller.prompt_stats import PromptStats
 from sagc_jax.controller.sagc import SAGCController
 from sagc_jax.controller.sagc_plus import SAGCPlusController
 from sagc_jax.controller.sagc_value import SAGCValueController
+from sagc_jax.controller.step import StepObservation
 
 __all__ = [
     "FixedGroupController",
@@ -31,6 +32,7 @@ __all__ = [
     "SAGCPlusController",
     "SAGCValueConfig",
     "SAGCValueController",
+    "StepObservation",
     "StragglePredictor",
     "allocate",
     "check_ragged_lengths",

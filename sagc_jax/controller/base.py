@@ -10,12 +10,11 @@ import numpy as np
 from sagc_jax.controller.observation import (
     CENSORED_KEYS,
     censored_observation,
-    check_finished,
-    check_lengths,
     group_ratios,
     observation_from_ratios,
     padding_waste,
 )
+from sagc_jax.controller.step import StepObservation, check_observation
 
 
 class GroupController(abc.ABC):
@@ -25,20 +24,23 @@ class GroupController(abc.ABC):
 
         G = controller.propose()          # same value until observe() is called
         ... generate prompts_per_step x G rollouts ...
-        metrics = controller.observe(lengths_pg)   # [num_groups, G] response lengths
+        obs = StepObservation.of_groups(lengths_pg)   # [num_groups, G] response lengths
+        metrics = controller.observe(obs)
 
-    A step cut before every rollout finished (tail batching) passes ``finished_pg`` (bool
-    ``[num_groups, G]``): where it is False the length is a lower bound. A cut group is a certain
-    straggler when its ratio's lower bound exceeds tau, otherwise unknown and counted with its
-    estimated probability of straggling (``observation.censored_straggle``), never as safe.
+    A step cut before every rollout finished (tail batching) has ``finished_pg`` (bool
+    ``[num_groups, G]``) in its observation: where it is False the length is a lower bound. A
+    cut group is a certain straggler when its ratio's lower bound exceeds tau, otherwise unknown
+    and counted with its estimated probability of straggling
+    (``observation.censored_straggle``), never as safe.
 
     Every controller measures stragglers the same way (``tau``, ``scope``) so that baselines and
     SAGC report comparable straggler rates. A controller with ``prompt_aware = True`` (the
-    hybrid) also takes the step's prompts through ``propose_for(prompt_ids, prompt_lengths)``.
+    hybrid) decides from the step's prompts: the caller gathers them and proposes through
+    ``propose_for(prompt_ids, prompt_lengths)`` instead of ``propose()``.
     """
 
-    prompt_aware = False
-    reward_aware = False  # True: observe() also takes the step's rewards (rewards_pg)
+    prompt_aware = False  # True: propose_for(prompt_ids, prompt_lengths) instead of propose()
+    reward_aware = False  # True: observe() reads the observation's rewards
 
     def __init__(self, candidates: tuple[int, ...], tau: float, scope: str) -> None:
         self.candidates = tuple(int(g) for g in candidates)
@@ -75,40 +77,40 @@ class GroupController(abc.ABC):
             self._pending = int(self._decide())
         return self._pending
 
-    def observe(self, lengths_pg, finished_pg=None, rewards_pg=None) -> dict[str, Any]:
+    def observe(self, obs: StepObservation) -> dict[str, Any]:
         """Record the step that used the proposed G and return its metrics.
 
-        ``lengths_pg``: integer array ``[num_groups, G]`` of response lengths. ``finished_pg``:
-        bool ``[num_groups, G]``, False where the step stopped the rollout first (its length is
-        the tokens it reached, a lower bound); None or all True: every length is exact.
-        ``rewards_pg``: float ``[num_groups, G]``, the rollouts' raw rewards; read only by a
-        controller with ``reward_aware`` (the others ignore it). Raises RuntimeError if nothing
-        was proposed, ValueError if the group size is not the proposed G or ``finished_pg`` or
-        ``rewards_pg`` does not match the lengths. With ``finished_pg`` given the metrics add
+        ``obs``: the step's :class:`~sagc_jax.controller.step.StepObservation`, read as
+        ``[num_groups, G]`` (``obs.lengths_pg``). Its ``finished_pg`` (a step cut by tail
+        batching) is False where the step stopped the rollout first (its length a lower bound);
+        None or all True: every length is exact. Its ``rewards_pg`` (raw rewards) is read only
+        by a controller with ``reward_aware``; prompt ids only by the hybrid. Raises TypeError
+        if ``obs`` is not a StepObservation, RuntimeError if nothing was proposed, ValueError if
+        the group size is not the proposed G. With ``finished`` given the metrics add
         ``censored_groups``, ``censored_stragglers`` (certain) and ``censored_unknown``.
         """
+        check_observation(obs)
         if self._pending is None:
             raise RuntimeError("observe() called before propose(); call propose() for the step")
-        arr = check_lengths(lengths_pg, expected_group_size=self._pending)
-        finished = check_finished(finished_pg, arr.shape)
         g = self._pending
-        if rewards_pg is not None and self.reward_aware:
-            rewards = np.asarray(rewards_pg, dtype=np.float64)
-            if rewards.shape != arr.shape:
-                raise ValueError(
-                    f"rewards_pg has shape {list(rewards.shape)}; it must match the lengths' "
-                    f"{list(arr.shape)}"
-                )
-            self._learn_rewards(rewards, finished)
+        arr = obs.lengths_pg(expected_group_size=g)
+        finished = obs.finished_pg if obs.cut else None
+        if obs.rewards_b is not None and self.reward_aware:
+            self._learn_rewards(obs.rewards_pg, finished)
         if finished is None:
             ratios_p = group_ratios(arr)
             s_t = observation_from_ratios(arr, ratios_p, self.tau, self.scope)
-            counts = {} if finished_pg is None else dict.fromkeys(CENSORED_KEYS, 0)
+            counts = {} if obs.finished_b is None else dict.fromkeys(CENSORED_KEYS, 0)
             extra = self._learn(g, s_t, arr)
         else:
             s_t, ratios_p, counts = censored_observation(arr, finished, self.tau, self.scope)
             extra = self._learn(g, s_t, arr, finished)
-        return self._finish(g, s_t, arr.ravel(), ratios_p, {**counts, **extra})
+        return self._finish(g, s_t, obs.lengths_b, ratios_p, {**counts, **extra})
+
+    def calibration(self) -> dict[str, Any] | None:
+        """Predicted against observed straggle so far, for a controller that predicts it
+        before the step (the hybrid); None for the others."""
+        return None
 
     def _finish(
         self,

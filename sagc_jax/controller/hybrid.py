@@ -30,19 +30,21 @@ Trainer protocol::
     # step:       decision is an int G; generate P x G rollouts, lengths [P, G]
     # per_prompt: decision is int64 [P] of sizes, sum == B; generate sizes[p] rollouts of
     #             prompt p, lengths flat [B] group by group (or padded [P, max G], or a list)
-    metrics = ctrl.observe(lengths, group_sizes=None, rewards=None)
+    obs = StepObservation.of_rollouts(lengths, group_sizes, rewards=rewards, prompt_ids=ids)
+    metrics = ctrl.observe(obs)
 
 ``prompt_ids``: int64 ``[P]`` stable across epochs and processes (e.g. the dataset row);
 ``prompt_lengths``: prompt tokens ``[P]`` (None or -1: unknown); ``difficulty``: optional float
-``[P]`` in [0, 1] (nan or < 0: unknown). ``group_sizes`` defaults to the proposed sizes; ``rewards``
-(optional, the layout of ``lengths``) feeds the per-prompt pass rate (reward >= 1). Repeated
-``propose_for`` calls with the same prompts before ``observe`` return the same decision.
-``propose()`` / ``observe(lengths_pg)`` still work in ``step`` mode (plain SAGC draws, only the
-global tail rate learns). Metrics add ``predicted_s_t`` (the step's mean predicted straggle,
-made before its lengths were seen), ``predicted_straggle`` (mean prediction per candidate at
-decision time), ``group_sizes`` (per_prompt) and ``prompts_tracked``; ``calibration()`` gives
-the binned predicted-against-observed summary. Multi-host: give every process the same
-(all-gathered) prompts and lengths, or decide on process 0 and broadcast.
+``[P]`` in [0, 1] (nan or < 0: unknown). The observation's sizes must be the proposed ones and
+its prompt ids (optional) the proposed prompts; its rewards (optional) feed the per-prompt pass
+rate (reward >= 1). Repeated ``propose_for`` calls with the same prompts before ``observe``
+return the same decision. In ``step`` mode ``propose()`` and an observation without prompt ids
+still work (plain SAGC draws, only the global tail rate learns). Metrics add ``predicted_s_t``
+(the step's mean predicted straggle, made before its lengths were seen),
+``predicted_straggle`` (mean prediction per candidate at decision time), ``group_sizes``
+(per_prompt) and ``prompts_tracked``; ``calibration()`` gives the binned
+predicted-against-observed summary. Multi-host: give every process the same (all-gathered)
+prompts and lengths, or decide on process 0 and broadcast.
 """
 
 from __future__ import annotations
@@ -53,14 +55,10 @@ import numpy as np
 
 from sagc_jax.config import ControllerConfig, HybridConfig
 from sagc_jax.controller.allocation import allocate, check_budget
-from sagc_jax.controller.observation import (
-    check_lengths,
-    check_ragged_lengths,
-    observation_from_ratios,
-    ragged_median_ratio,
-)
+from sagc_jax.controller.observation import observation_from_ratios, ragged_median_ratio
 from sagc_jax.controller.predictor import StragglePredictor
 from sagc_jax.controller.sagc import SAGCController
+from sagc_jax.controller.step import StepObservation, check_observation
 
 
 class HybridController(SAGCController):
@@ -179,22 +177,23 @@ class HybridController(SAGCController):
 
     # ------------------------------------------------------------------ observation
 
-    def observe(self, lengths, group_sizes=None, prompt_ids=None, rewards=None) -> dict[str, Any]:
-        """Record the proposed step; ``lengths`` in any layout of
-        :func:`~sagc_jax.controller.observation.check_ragged_lengths`.
+    def observe(self, obs: StepObservation) -> dict[str, Any]:
+        """Record the proposed step from its :class:`~sagc_jax.controller.step.StepObservation`
+        (the ragged view: ``lengths_b`` and ``sizes_p``; ``rewards_b`` and ``prompt_ids_p`` when
+        given).
 
-        Raises RuntimeError if nothing was proposed, ValueError if the sizes, the number of
-        groups or the prompt ids differ from the proposal (nothing is changed then).
+        Raises TypeError if ``obs`` is not a StepObservation, RuntimeError if nothing was
+        proposed, ValueError if the sizes, the number of groups or the prompt ids differ from
+        the proposal or the step was cut by tail batching (nothing is changed then).
         """
+        check_observation(obs)
         if self._pending is None and self._sizes is None:
             raise RuntimeError(
                 "observe() called before propose_for(); call propose_for() for the step"
             )
-        if self.mode == "step" and group_sizes is None and np.ndim(lengths) == 2:
-            check_lengths(lengths, expected_group_size=self._pending)  # SAGC's message
-        flat_b, sizes_p = check_ragged_lengths(
-            lengths, self._sizes if group_sizes is None and self.mode != "step" else group_sizes
-        )
+        if self.mode == "step" and obs.group_size is not None:
+            obs.lengths_pg(expected_group_size=self._pending)  # SAGC's message
+        flat_b, sizes_p = obs.lengths_b, obs.sizes_p
         expected = (
             self._sizes if self.mode == "per_prompt" else np.full_like(sizes_p, self._pending)
         )
@@ -203,9 +202,14 @@ class HybridController(SAGCController):
                 f"observed group sizes {sizes_p.tolist()} differ from the proposed "
                 f"{expected.tolist()}; observe the lengths of the step that used the proposal"
             )
+        if obs.cut:
+            raise ValueError(
+                "the hybrid controller reads whole groups only: a step cut by tail batching "
+                "(finished False somewhere) cannot be observed"
+            )
         prompts = self._prompts
-        if prompt_ids is not None:
-            ids = np.asarray(prompt_ids, dtype=np.int64)
+        if obs.prompt_ids_p is not None:
+            ids = obs.prompt_ids_p
             if prompts is None:
                 prompts = _check_prompts(ids, None, None)
             elif not np.array_equal(ids, prompts["ids"]):
@@ -214,7 +218,7 @@ class HybridController(SAGCController):
             raise ValueError(
                 f"{sizes_p.size} groups observed for {prompts['ids'].size} proposed prompts"
             )
-        pass_rate_p = None if rewards is None else _pass_rates(rewards, sizes_p)
+        pass_rate_p = None if obs.rewards_b is None else _pass_rates(obs.rewards_b, sizes_p)
         median_p, ratio_p = ragged_median_ratio(flat_b, sizes_p)
         straggle_p = ratio_p > self.tau
         s_t = observation_from_ratios(flat_b, ratio_p, self.tau, self.scope)
@@ -338,17 +342,7 @@ def _same_prompts(a: dict[str, Any], b: dict[str, Any]) -> bool:
     )
 
 
-def _pass_rates(rewards, sizes_p: np.ndarray) -> np.ndarray:
-    """Per-group fraction of rewards >= 1; ``rewards`` in the layout of the lengths."""
-    if isinstance(rewards, list | tuple) and rewards and np.ndim(rewards[0]) == 1:
-        rewards = np.concatenate([np.asarray(r, dtype=np.float64) for r in rewards])
-    r = np.asarray(rewards, dtype=np.float64)
-    if r.ndim == 2 and r.shape[0] == sizes_p.size and r.shape[1] >= sizes_p.max():
-        r = r[np.arange(r.shape[1])[None, :] < sizes_p[:, None]]
-    if r.shape != (int(sizes_p.sum()),):
-        raise ValueError(
-            f"rewards of shape {np.shape(rewards)} do not match the lengths "
-            f"({sizes_p.size} groups, {int(sizes_p.sum())} rollouts)"
-        )
+def _pass_rates(rewards_b: np.ndarray, sizes_p: np.ndarray) -> np.ndarray:
+    """Per-group fraction of rewards >= 1; ``rewards_b`` float64 ``[B]``, group by group."""
     group_b = np.repeat(np.arange(sizes_p.size), sizes_p)
-    return np.bincount(group_b, weights=r >= 1.0, minlength=sizes_p.size) / sizes_p
+    return np.bincount(group_b, weights=rewards_b >= 1.0, minlength=sizes_p.size) / sizes_p

@@ -32,12 +32,12 @@ lengths only. Same straggler definition (``tau``, ``scope``) and knobs of the bu
   debt. A rung the estimate rules out is left at once, downward as well as upward; a rung the
   estimate allows but the slack contradicts is left for the rung below.
 
-- **Cut steps (tail batching).** A step that stopped once enough groups were whole passes
-  ``finished_pg``; ``s_t`` is then the expected straggle share of all the groups started
-  (``observation.censored_straggle``: a cut group counts 1 when it certainly straggles, else
-  its Kaplan-Meier probability, never 0), and the chunks of smaller rungs are read the same
-  way, so the slack and the counts keep the budget on the true rate (docs/controller.md,
-  "Tail batching").
+- **Cut steps (tail batching).** A step that stopped once enough groups were whole has
+  ``finished_pg`` in its observation; ``s_t`` is then the expected straggle share of all the
+  groups started (``observation.censored_straggle``: a cut group counts 1 when it certainly
+  straggles, else its Kaplan-Meier probability, never 0), and the chunks of smaller rungs are
+  read the same way, so the slack and the counts keep the budget on the true rate
+  (docs/controller.md, "Tail batching").
 
 Deterministic: same observations, same decisions; no random generator.
 """

@@ -36,7 +36,7 @@ budget allows (docs/controller.md, "The value-aware controller"):
   played, or not played for a while, looks cheap and is tried when the budget allows it.
 - **Decision**: ``k* = argmax_{k <= ceiling} v_k / seconds_k``; it is played when it beats the
   ceiling's signal per second by more than ``min_gain`` (relative), otherwise the ceiling.
-  Before any reward is seen, or when ``rewards_pg`` is never given, it is SAGC+ exactly.
+  Before any reward is seen, or when no observation carries rewards, it is SAGC+ exactly.
 
 Deterministic (no random generator); ``state_dict()`` holds SAGC+'s state and the signal
 counts, the success moments and the step-time ratios. ``step_seconds`` is configuration,

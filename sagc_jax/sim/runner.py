@@ -9,7 +9,7 @@ from collections import deque
 import numpy as np
 
 from sagc_jax.config import Config, TailBatchingConfig
-from sagc_jax.controller import GroupController, make_controller
+from sagc_jax.controller import GroupController, StepObservation, make_controller
 from sagc_jax.controller.observation import straggler_observation
 from sagc_jax.sim import roofline
 from sagc_jax.sim.steptime import REGIMES, StepTimer
@@ -92,24 +92,17 @@ def _play_step(controller: GroupController, workload, t: int):
         decision = controller.propose_for(ids_p, tokens_p)
     else:
         decision = controller.propose()
-    if np.ndim(decision) == 0:  # one G for the step
-        g = int(decision)
-        lengths_pg = workload.lengths(t, g)
-        sizes_p = np.full(lengths_pg.shape[0], g, dtype=np.int64)
-        rewards_pg = workload.rewards(t, g) if hasattr(workload, "rewards") else None
-        if controller.reward_aware and rewards_pg is not None:  # a replay has no rewards
-            metrics = controller.observe(lengths_pg, rewards_pg=rewards_pg)
-        else:
-            metrics = controller.observe(lengths_pg)
-        if rewards_pg is not None:
-            varied = rewards_pg.max(axis=1) > rewards_pg.min(axis=1)
-            metrics = {**metrics, "signal_share": float(varied.mean())}
-        lengths_b = lengths_pg.ravel()
-    else:  # a size per prompt: the first sizes[p] completions of each prompt
-        sizes_p = np.asarray(decision, dtype=np.int64)
-        lengths_pg = workload.lengths(t, int(sizes_p.max()))
-        lengths_b = lengths_pg[np.arange(lengths_pg.shape[1])[None, :] < sizes_p[:, None]]
-        metrics = controller.observe(lengths_b, group_sizes=sizes_p)
+    # one G for the step, or a size per prompt: the first sizes[p] completions of each prompt
+    sizes_p = np.broadcast_to(np.asarray(decision, dtype=np.int64), ids_p.shape).copy()
+    widest = int(sizes_p.max())
+    lengths_pg = workload.lengths(t, widest)
+    rewards_pg = workload.rewards(t, widest) if hasattr(workload, "rewards") else None
+    obs = StepObservation.of_rollouts(lengths_pg, sizes_p, rewards=rewards_pg, prompt_ids=ids_p)
+    metrics = controller.observe(obs)
+    if rewards_pg is not None and np.ndim(decision) == 0:
+        varied = rewards_pg.max(axis=1) > rewards_pg.min(axis=1)
+        metrics = {**metrics, "signal_share": float(varied.mean())}
+    lengths_b = obs.lengths_b
     if np.all(tokens_p == tokens_p[0]):
         tokens = int(tokens_p[0])
     else:
@@ -172,7 +165,7 @@ def run_controller(name: str, controller: GroupController, workload, timer: Step
         mean_length=hist["mean_len"],
         num_sequences=num_sequences,
         bootstrapped_steps=int(bootstrapped),
-        calibration=controller.calibration() if controller.prompt_aware else None,
+        calibration=controller.calibration(),
         signal_share=None if np.isnan(signal).any() else signal,
     )
 
@@ -189,14 +182,14 @@ def run_tail_batched(
     A step of P = ``sim.prompts_per_step`` draws ``P + ceil(extra P)`` new prompts at the
     proposed G, stops once P groups are whole (``roofline.cut_step``, the sampler's slots),
     trains those and defers the others, oldest first, into a queue; the controller reads the
-    cut step (``observe(reached, finished)``). A long round (when P prompts wait, or every
-    ``long_round_every`` steps while any wait) takes up to P of the oldest deferred prompts,
-    draws their rollouts again at the step's drift (``SyntheticWorkload.redraw``: a prompt
-    keeps its own length scale and straggle tendency) and waits for all of its groups; it
-    draws no new prompt. ``s_t`` is the true straggle share of the step's started groups, from
-    their full lengths; ``tail`` holds per step: ``s_read`` (the controller's reading),
-    ``started``, ``deferred``, ``long_round``, ``queue`` (prompts waiting after the step) and
-    ``longest_deferral`` (steps, over the run).
+    cut step (an observation of the reached lengths and the finished flags). A long round (when
+    P prompts wait, or every ``long_round_every`` steps while any wait) takes up to P of the
+    oldest deferred prompts, draws their rollouts again at the step's drift
+    (``SyntheticWorkload.redraw``: a prompt keeps its own length scale and straggle tendency)
+    and waits for all of its groups; it draws no new prompt. ``s_t`` is the true straggle share
+    of the step's started groups, from their full lengths; ``tail`` holds per step: ``s_read``
+    (the controller's reading), ``started``, ``deferred``, ``long_round``, ``queue`` (prompts
+    waiting after the step) and ``longest_deferral`` (steps, over the run).
     """
     if controller.prompt_aware:
         raise ValueError("tail batching runs one G per step: the hybrid controller is refused")
@@ -228,7 +221,7 @@ def run_tail_batched(
                 [fresh.redraw(t, origin, [row], g) for origin, row, _ in take]
             )
             tokens_p = np.array([fresh.prompts(origin)[1][row] for origin, row, _ in take])
-            m = controller.observe(lengths_pg)
+            m = controller.observe(StepObservation.of_groups(lengths_pg))
             times = timer(lengths_pg, np.repeat(tokens_p, g))
             rec["long_round"][t] = 1
             s_true = m["s_t"]
@@ -237,10 +230,11 @@ def run_tail_batched(
             tokens_p = fresh.prompts(drawn)[1]
             groups_r = np.repeat(np.arange(start), g)
             _, reached_r, done_r, kept_g = roofline.cut_step(lengths_pg, groups_r, num, slots)
-            rewards_pg = fresh.rewards_at(drawn, t, g) if controller.reward_aware else None
-            m = controller.observe(
+            rewards_pg = fresh.rewards_at(drawn, t, g)
+            obs = StepObservation.of_groups(
                 reached_r.reshape(start, g), done_r.reshape(start, g), rewards_pg
             )
+            m = controller.observe(obs)
             times = timer(lengths_pg, np.repeat(tokens_p, g), keep_groups=num)
             queue.extend((drawn, int(row), t) for row in np.flatnonzero(~kept_g))
             rec["started"][t], rec["deferred"][t] = start, start - num

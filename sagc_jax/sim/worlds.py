@@ -27,6 +27,7 @@ import numpy as np
 from sagc_jax.config.sim import SimConfig
 from sagc_jax.controller.observation import group_ratios, straggler_observation
 from sagc_jax.controller.sagc_plus import best_mixture
+from sagc_jax.controller.step import StepObservation
 from sagc_jax.sim.roofline import cut_step
 from sagc_jax.sim.workload import SyntheticWorkload
 
@@ -139,10 +140,10 @@ def play_cut(controller, world, keep: int, naive: bool = False):
     """``(G_t, s_t, read_t)``, float64 ``[T]`` each, of ``controller`` over ``world`` with
     every step cut (tail batching, no long rounds): the step draws all of the world's groups at
     the proposed G, every rollout starting at once, and stops once ``keep`` groups are whole;
-    the controller reads the cut step (``observe(reached, finished)``, or with ``naive`` the
-    reached lengths as if complete: a cut rollout read as ended). ``s_t`` is the true straggle
-    share of all the groups started (their full lengths: what the budget is judged on),
-    ``read_t`` the controller's reading."""
+    the controller reads the cut step (an observation of the reached lengths and the finished
+    flags, or with ``naive`` of the reached lengths as if complete: a cut rollout read as
+    ended). ``s_t`` is the true straggle share of all the groups started (their full lengths:
+    what the budget is judged on), ``read_t`` the controller's reading."""
     steps = world.num_steps
     g_t, s_t, read_t = np.zeros(steps), np.zeros(steps), np.zeros(steps)
     for t in range(steps):
@@ -151,7 +152,8 @@ def play_cut(controller, world, keep: int, naive: bool = False):
         groups_r = np.repeat(np.arange(full.shape[0]), g)
         _, reached_r, done_r, _ = cut_step(full, groups_r, keep)
         reached = reached_r.reshape(full.shape)
-        m = controller.observe(reached, None if naive else done_r.reshape(full.shape))
+        finished = None if naive else done_r.reshape(full.shape)
+        m = controller.observe(StepObservation.of_groups(reached, finished))
         g_t[t], read_t[t] = g, m["s_t"]
         s_t[t] = straggler_observation(full, controller.tau, controller.scope)
     return g_t, s_t, read_t

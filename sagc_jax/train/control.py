@@ -1,6 +1,6 @@
 """The controller's two calls in a training step, the same on every process: the group size it
 proposes before sampling (checked to be process 0's) and what it observes after the update
-(every process's rollouts of every round)."""
+(every process's rollouts of every round, gathered once into a ``StepObservation``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from sagc_jax.controller import GroupController
+from sagc_jax.controller import GroupController, StepObservation
 from sagc_jax.parallel import any_process, from_leader, gather_rows
 from sagc_jax.tasks.source import PromptSource
 from sagc_jax.train.rollout import Rollouts
@@ -47,24 +47,17 @@ def _step_prompts(
 
 def observe(
     controller: GroupController, rounds: list[Rollouts]
-) -> tuple[dict[str, Any], np.ndarray]:
-    """The controller sees every process's lengths of every round: (its stats, lengths);
-    the value-aware controller also their raw rewards, the hybrid their groups' sizes, prompt
-    ids and raw rewards."""
+) -> tuple[dict[str, Any], StepObservation]:
+    """The controller observes the step: (its stats, the step's observation, which the step's
+    metrics read too). The observation holds every process's rollouts of every round: lengths,
+    group sizes, raw rewards and prompt ids, and the finished flags when tail batching cut the
+    step (a cut rollout's length is a lower bound)."""
     every = Rollouts.concat(rounds)
-    lengths = gather_rows(every.lengths)
-    sizes_p = gather_rows(every.group_sizes)
-    if not controller.prompt_aware:
-        lengths_pg = lengths.reshape(len(sizes_p), -1)
-        rewards_pg = None
-        if controller.reward_aware:  # sagc_value: the raw rewards, every round's groups
-            rewards_pg = gather_rows(every.rewards).reshape(lengths_pg.shape)
-        finished_pg = None
-        if every.cut is not None:  # tail batching: a cut rollout's length is a lower bound
-            finished_pg = ~gather_rows(every.cut).reshape(lengths_pg.shape)
-        return controller.observe(lengths_pg, finished_pg, rewards_pg), lengths
-    ids_p = gather_rows(np.array([p.id for p in every.prompts], np.int64))
-    ctrl = controller.observe(
-        lengths, group_sizes=sizes_p, prompt_ids=ids_p, rewards=gather_rows(every.rewards)
+    obs = StepObservation(
+        lengths_b=gather_rows(every.lengths),
+        sizes_p=gather_rows(every.group_sizes),
+        finished_b=None if every.cut is None else ~gather_rows(every.cut),
+        rewards_b=gather_rows(every.rewards),
+        prompt_ids_p=gather_rows(np.array([p.id for p in every.prompts], np.int64)),
     )
-    return ctrl, lengths
+    return controller.observe(obs), obs

@@ -2,9 +2,9 @@
 
 Every step: ``G = controller.propose()`` -> rollout of ``prompts x G`` completions (more rounds
 with DAPO dynamic sampling) -> rewards and shaping -> group advantages -> policy update ->
-``controller.observe(lengths)`` -> metrics, checkpoint. The prompt-aware hybrid controller
-decides from the step's prompts (ids and token lengths): one G (``step`` mode) or a group size
-per prompt summing to a rollout budget (``per_prompt``), and observes with ids and rewards.
+``controller.observe(obs)`` (the step's ``StepObservation``) -> metrics, checkpoint. The
+prompt-aware hybrid controller decides from the step's prompts (ids and token lengths): one G
+(``step`` mode) or a group size per prompt summing to a rollout budget (``per_prompt``).
 Per-step randomness comes from ``fold_in(root_key, step)``, prompts from the step counter and G
 from the controller, whose state is checkpointed, so a resumed run continues exactly as an
 uninterrupted one would.
@@ -250,7 +250,7 @@ class Trainer:
         update_rows = len(update_batch["norm" if self.cfg.train.packing else "adv"])
         update = self._update(update_batch, update_key, has_signal=self._has_signal(adv))
         clock["updated"] = time.perf_counter()
-        ctrl, lengths = observe(self.controller, rounds)
+        ctrl, observation = observe(self.controller, rounds)
         self.step += 1
         clock["end"] = time.perf_counter()
         return StepResult(
@@ -263,7 +263,7 @@ class Trainer:
             zero_variance_p=zero_variance_p,
             update=update,
             controller=ctrl,
-            lengths=lengths,
+            observation=observation,
             clock=clock,
         )
 

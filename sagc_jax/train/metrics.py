@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from sagc_jax.controller import GroupController
+    from sagc_jax.controller import GroupController, StepObservation
     from sagc_jax.programs.tail import TailBatcher
     from sagc_jax.train.rollout import Rollouts
 
@@ -33,8 +33,8 @@ class StepResult:
     rewards: np.ndarray  # float32 [N] shaped rewards of ``batch``
     zero_variance_p: np.ndarray  # bool [P] groups whose rewards were all equal
     update: dict[str, float]  # the update program's metrics
-    controller: dict[str, Any]  # what the controller observed
-    lengths: np.ndarray  # int [all rows] completion lengths, every process's, every round
+    controller: dict[str, Any]  # what the controller's observe() returned
+    observation: StepObservation  # every process's rollouts of every round, as it observed them
     clock: dict[str, float]  # when the stages ended: start, sampled, packed, updated, end
 
     @property
@@ -63,7 +63,8 @@ def step_record(
     from sagc_jax.parallel import gather_rows  # here: reading metrics back stays free of jax
     from sagc_jax.train.rollout import Rollouts
 
-    batch, ctrl, lengths, clock = result.batch, result.controller, result.lengths, result.clock
+    batch, ctrl, obs, clock = result.batch, result.controller, result.observation, result.clock
+    lengths = obs.lengths_b  # every process's, every round
     all_rounds = Rollouts.concat(result.rounds)
     rewards = gather_rows(result.rewards)
     local_counts = np.array(
@@ -88,7 +89,7 @@ def step_record(
     record = {
         "reward": float(rewards.mean()),
         "reward_raw": float(gather_rows(batch.rewards).mean()),
-        "accuracy": float(np.mean(gather_rows(all_rounds.rewards) >= 1.0)),
+        "accuracy": float(np.mean(obs.rewards_b >= 1.0)),
         "length/mean": float(lengths.mean()),
         "length/max": int(lengths.max()),
         "length/min": int(lengths.min()),
@@ -125,8 +126,7 @@ def step_record(
         **{f"update/{k}": v for k, v in result.update.items()},
         "group_ratios": ctrl["group_ratios"],
         "lengths": [  # group by group, every round
-            group.tolist()
-            for group in np.split(lengths, np.cumsum(gather_rows(all_rounds.group_sizes))[:-1])
+            group.tolist() for group in np.split(lengths, np.cumsum(obs.sizes_p)[:-1])
         ],
         "prompt_tokens": int(prompt_tokens) // len(rewards),
     }
@@ -151,10 +151,10 @@ def _controller_metrics(ctrl: dict[str, Any], controller: GroupController) -> di
         record["controller/signal"] = ctrl["signal"]
         record["controller/step_seconds"] = ctrl["step_seconds"]
         record["controller/ceiling_group_size"] = ctrl["ceiling_group_size"]
-    if controller.prompt_aware:
+    calibration = controller.calibration()  # None: the controller predicts no straggle
+    if calibration is not None:
         # the step's mean predicted straggle (made before sampling) beside the observed s_t,
         # and the running calibration of every group so far
-        calibration = controller.calibration()
         record["controller/predicted_s_t"] = ctrl.get("predicted_s_t", math.nan)
         record["controller/calibration_ece"] = calibration["ece"]
         record["controller/calibration_brier"] = calibration["brier"]

@@ -5,7 +5,12 @@ import numpy as np
 import pytest
 
 from sagc_jax.config import ControllerConfig, SAGCConfig
-from sagc_jax.controller import FixedGroupController, SAGCController, SAGCPlusController
+from sagc_jax.controller import (
+    FixedGroupController,
+    SAGCController,
+    SAGCPlusController,
+    StepObservation,
+)
 from sagc_jax.controller.observation import censored_observation, censored_straggle
 
 TAU = 3.0
@@ -69,8 +74,8 @@ def test_uncut_steps_read_as_before(kind):
         g = a.propose()
         assert b.propose() == g
         lengths = np.where(rng.random((16, g)) < 0.05, 1000, 100)
-        ma = a.observe(lengths)
-        mb = b.observe(lengths, np.ones_like(lengths, bool))
+        ma = a.observe(StepObservation.of_groups(lengths))
+        mb = b.observe(StepObservation.of_groups(lengths, np.ones_like(lengths, bool)))
         assert mb.pop("censored_groups") == mb.pop("censored_stragglers") == 0
         assert mb.pop("censored_unknown") == 0
         assert ma.keys() == mb.keys()
@@ -82,7 +87,7 @@ def test_fixed_g_accepts_cut_steps_and_reports_them():
     ctrl = FixedGroupController(8)
     full, reached, finished = cut_groups(np.random.default_rng(1), 20, 8, keep=16)
     assert ctrl.propose() == 8
-    m = ctrl.observe(reached, finished)
+    m = ctrl.observe(StepObservation.of_groups(reached, finished))
     assert m["censored_groups"] == int((~finished.all(axis=1)).sum()) >= 4
     assert m["censored_stragglers"] + m["censored_unknown"] == m["censored_groups"]
 
@@ -99,7 +104,7 @@ def test_finished_of_another_shape_is_rejected():
     ctrl = FixedGroupController(4)
     ctrl.propose()
     with pytest.raises(ValueError, match="finished must be a bool array"):
-        ctrl.observe(np.ones((2, 4), int), np.ones((2, 3), bool))
+        ctrl.observe(StepObservation.of_groups(np.ones((2, 4), int), np.ones((2, 3), bool)))
 
 
 # ---------------------------------------------------------------- the budget, every step cut

@@ -12,6 +12,7 @@ from sagc_jax.controller import (
     FixedGroupController,
     SAGCConfig,
     SAGCController,
+    StepObservation,
     group_ratios,
     padding_waste,
     straggler_observation,
@@ -31,7 +32,9 @@ def drive(controller, probs, steps, rng, num_groups=16):
     gs, ss = [], []
     for _ in range(steps):
         g = controller.propose()
-        m = controller.observe(bernoulli_lengths(rng, num_groups, g, probs[g]))
+        m = controller.observe(
+            StepObservation.of_groups(bernoulli_lengths(rng, num_groups, g, probs[g]))
+        )
         gs.append(g)
         ss.append(m["s_t"])
     return np.array(gs), np.array(ss)
@@ -67,17 +70,17 @@ def test_padding_waste_by_hand():
 def test_bad_lengths_are_rejected():
     c = SAGCController()
     with pytest.raises(RuntimeError, match="before propose"):
-        c.observe(np.ones((2, 8), int))
+        c.observe(StepObservation.of_groups(np.ones((2, 8), int)))
     g = c.propose()
     with pytest.raises(ValueError, match=f"group size 4 .* proposed G={g}"):
-        c.observe(np.ones((2, 4), int))
+        c.observe(StepObservation.of_groups(np.ones((2, 4), int)))
     with pytest.raises(ValueError, match=r"\[num_groups, G\]"):
-        c.observe(np.ones(8, int))
+        c.observe(StepObservation.of_groups(np.ones(8, int)))
     with pytest.raises(ValueError, match=">= 0"):
-        c.observe(-np.ones((2, g), int))
+        c.observe(StepObservation.of_groups(-np.ones((2, g), int)))
     with pytest.raises(ValueError, match="integer"):
-        c.observe(np.full((2, g), 1.5))
-    c.observe(np.ones((2, g), int))  # the rejected calls changed nothing
+        c.observe(StepObservation.of_groups(np.full((2, g), 1.5)))
+    c.observe(StepObservation.of_groups(np.ones((2, g), int)))  # the rejected calls changed nothing
 
 
 # ---------------------------------------------------------------- decisions
@@ -89,7 +92,7 @@ def test_propose_is_idempotent_until_observe():
     for _ in range(20):
         g = c.propose()
         assert all(c.propose() == g for _ in range(3))
-        c.observe(bernoulli_lengths(rng, 4, g, 0.5))
+        c.observe(StepObservation.of_groups(bernoulli_lengths(rng, 4, g, 0.5)))
 
 
 def test_settles_on_largest_when_every_candidate_is_safe():
@@ -133,7 +136,7 @@ def test_never_moves_more_than_radius_rungs(radius):
         shifted = probs if (t // 100) % 2 == 0 else {g: 0.0 for g in ladder}
         g = c.propose()
         rungs.append(ladder.index(g))
-        c.observe(bernoulli_lengths(rng, 16, g, shifted[g]))
+        c.observe(StepObservation.of_groups(bernoulli_lengths(rng, 16, g, shifted[g])))
     steps = np.abs(np.diff(rungs))
     assert steps.max() <= radius
     assert steps.max() == radius  # the bound is reached, so the test can fail
@@ -198,7 +201,7 @@ def test_fixed_controller_reports_the_same_metrics():
 def test_metrics_of_a_step():
     c = SAGCController(ControllerConfig(g_init=4, tau=3.0, delta=0.25), SAGCConfig(eta=1.0))
     assert c.propose() == 4
-    m = c.observe(np.array([[10, 10, 10, 40], [10, 10, 10, 10]]))
+    m = c.observe(StepObservation.of_groups(np.array([[10, 10, 10, 40], [10, 10, 10, 10]])))
     assert m["s_t"] == 0.5 and m["group_size"] == 4
     assert m["lambda"] == pytest.approx(0.25)  # 0 + 1.0 * (0.5 - 0.25)
     # played arm: decay (no-op from the prior) then + (0.5, 0.5) -> mean 0.5; others stay 0.5
@@ -225,7 +228,7 @@ def test_paper_controller_decisions_are_unchanged():
     gs = []
     for t in range(60):
         gs.append(c.propose())
-        m = c.observe(workload.lengths(t, gs[-1]))
+        m = c.observe(StepObservation.of_groups(workload.lengths(t, gs[-1])))
     # fmt: off
     assert gs == [
         8, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16,

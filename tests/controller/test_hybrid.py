@@ -20,6 +20,7 @@ from sagc_jax.controller import (
     HybridController,
     PromptStats,
     SAGCController,
+    StepObservation,
     StragglePredictor,
     allocate,
     check_ragged_lengths,
@@ -49,7 +50,7 @@ def drive(ctrl, q_pool, steps, rng, num_prompts=16, lengths_pool=None):
         plen = None if lengths_pool is None else lengths_pool[ids]
         d = ctrl.propose_for(ids, plen, None if plen is None else difficulty_of(ids))
         sizes = np.full(num_prompts, d) if np.ndim(d) == 0 else d
-        ctrl.observe(tail_groups(rng, q_pool[ids], sizes))
+        ctrl.observe(StepObservation.of_rollouts(tail_groups(rng, q_pool[ids], sizes)))
         decisions.append(np.atleast_1d(d).copy())
     return decisions
 
@@ -295,7 +296,7 @@ def test_per_prompt_observe_reports_the_fraction_of_straggling_groups():
     assert sizes.tolist() == [8, 8, 8, 8]  # step 0: the middle rung, no price yet
     groups = [np.full(8, 100) for _ in range(4)]
     groups[2][0] = 400  # 400 / 100 > 3
-    m = ctrl.observe(np.concatenate(groups))
+    m = ctrl.observe(StepObservation.of_rollouts(np.concatenate(groups), sizes))
     assert m["s_t"] == 0.25 and m["group_sizes"].tolist() == [8, 8, 8, 8]
     np.testing.assert_array_equal(m["group_ratios"], [1.0, 1.0, 4.0, 1.0])
 
@@ -326,7 +327,8 @@ def test_state_dict_restores_exact_decisions(mode, mid_step):
         for ctrl in (original, restored):
             d = ctrl.propose_for(ids16, lengths_pool[:16], difficulty_of(ids16))
             sizes = np.full(16, d) if np.ndim(d) == 0 else d
-            ctrl.observe(tail_groups(np.random.default_rng(2), q_pool[:16], sizes))
+            groups = tail_groups(np.random.default_rng(2), q_pool[:16], sizes)
+            ctrl.observe(StepObservation.of_rollouts(groups))
     a = drive(original, q_pool, 40, np.random.default_rng(1), lengths_pool=lengths_pool)
     b = drive(restored, q_pool, 40, np.random.default_rng(1), lengths_pool=lengths_pool)
     chex.assert_trees_all_equal(b, a)
@@ -347,8 +349,8 @@ def test_step_mode_without_prediction_is_sagc():
         g = sagc.propose()
         assert hybrid.propose_for(ids) == g
         groups = tail_groups(rng, q_pool[ids], [g] * 8)
-        sagc.observe(np.stack(groups))
-        hybrid.observe(np.stack(groups))
+        sagc.observe(StepObservation.of_groups(np.stack(groups)))
+        hybrid.observe(StepObservation.of_groups(np.stack(groups)))
     np.testing.assert_array_equal(hybrid.alpha, sagc.alpha)
     assert hybrid.lam == sagc.lam
 
@@ -380,7 +382,7 @@ def test_proposal_protocol_and_errors():
     with pytest.raises(RuntimeError, match="propose_for"):
         ctrl.propose()
     with pytest.raises(RuntimeError, match="before propose_for"):
-        ctrl.observe(np.ones(40, int))
+        ctrl.observe(StepObservation.of_rollouts(np.ones(40, int), np.full(4, 10)))
     with pytest.raises(ValueError, match="must lie in"):
         ctrl.propose_for(np.arange(2))  # 2 prompts cannot take 40 rows from [4, 8, 16]
     sizes = ctrl.propose_for(np.arange(4), np.array([10, 20, 30, 40]))
@@ -389,16 +391,20 @@ def test_proposal_protocol_and_errors():
     with pytest.raises(RuntimeError, match="other prompts"):
         ctrl.propose_for(np.arange(1, 5), np.array([10, 20, 30, 40]))
     with pytest.raises(ValueError, match="differ from the proposed"):
-        ctrl.observe(np.ones(40, int), group_sizes=np.array([16, 16, 4, 4]))
+        ctrl.observe(StepObservation.of_rollouts(np.ones(40, int), np.array([16, 16, 4, 4])))
     with pytest.raises(ValueError, match="prompt_ids differ"):
-        ctrl.observe(np.ones(40, int), prompt_ids=np.arange(1, 5))
+        ctrl.observe(
+            StepObservation.of_rollouts(np.ones(40, int), sizes, prompt_ids=np.arange(1, 5))
+        )
     with pytest.raises(ValueError, match="integer array"):
         HybridController().propose_for(np.array([0.5, 1.5]))
-    m = ctrl.observe(np.ones(40, int), rewards=np.ones(40))  # the rejected calls changed nothing
+    m = ctrl.observe(
+        StepObservation.of_rollouts(np.ones(40, int), sizes, rewards=np.ones(40))
+    )  # the rejected calls changed nothing
     assert m["step"] == 0 and ctrl.predictor.stats.record([0])["pass_rate"][0] == 1.0
     step = HybridController()
     g = step.propose()  # step mode keeps the plain protocol
-    assert step.observe(np.ones((3, g), int))["group_size"] == g
+    assert step.observe(StepObservation.of_groups(np.ones((3, g), int)))["group_size"] == g
 
 
 def test_controller_specs_and_config():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from sagc_jax.config import ControllerConfig, SAGCPlusConfig, load_config
-from sagc_jax.controller import SAGCPlusController, make_controller
+from sagc_jax.controller import SAGCPlusController, StepObservation, make_controller
 from sagc_jax.controller.sagc_plus import best_mixture, isotonic_increasing
 from sagc_jax.sim.worlds import TailWorld, oracle, rates_table
 
@@ -23,7 +23,9 @@ def drive(controller, q_of_step, steps, rng, num_groups=16):
     gs, ss = [], []
     for t in range(steps):
         g = controller.propose()
-        m = controller.observe(tail_lengths(rng, num_groups, g, q_of_step(t)))
+        m = controller.observe(
+            StepObservation.of_groups(tail_lengths(rng, num_groups, g, q_of_step(t)))
+        )
         gs.append(g)
         ss.append(m["s_t"])
     return np.array(gs), np.array(ss)
@@ -78,7 +80,7 @@ def test_every_group_is_a_trial_and_a_played_group_informs_smaller_rungs():
     assert c.propose() == 16
     lengths = np.full((16, 16), 100, dtype=np.int64)
     lengths[:4, 0] = 1000  # 4 of 16 groups straggle, each through its first rollout
-    c.observe(lengths)
+    c.observe(StepObservation.of_groups(lengths))
     # G=16: 16 trials, 4 straggling. G=8: chunks [0:8] and [8:16], the first straggles in those
     # 4 groups -> 4 x 1/2. G=4: 1 of 4 chunks -> 4 x 1/4.
     np.testing.assert_allclose(c.trials, [16, 16, 16])
@@ -86,7 +88,7 @@ def test_every_group_is_a_trial_and_a_played_group_informs_smaller_rungs():
     # batch scope: one trial per step, for each rung the share of its chunks that straggle
     b = SAGCPlusController(ControllerConfig(g_init=16, scope="batch"))
     b.propose()
-    b.observe(lengths)
+    b.observe(StepObservation.of_groups(lengths))
     np.testing.assert_allclose(b.trials, [1, 1, 1])
     np.testing.assert_allclose(b.straggled, [0.25, 0.5, 1.0])
 
@@ -96,7 +98,7 @@ def test_an_unplayed_smaller_rung_is_chosen_when_the_played_larger_one_breaks_th
     rng = np.random.default_rng(0)
     assert c.propose() == 16
     # q = 0.04: G=16 straggles about 0.48 of the time, G=4 about 0.15
-    c.observe(tail_lengths(rng, 16, 16, 0.04))
+    c.observe(StepObservation.of_groups(tail_lengths(rng, 16, 16, 0.04)))
     p = c.estimate()
     assert p[0] <= p[1] <= p[2]  # the unplayed rungs do not look riskier than the played one
     assert c.propose() < 16  # left at once, not after the tens of steps SAGC's multiplier needs
@@ -109,7 +111,9 @@ def test_an_unplayed_larger_rung_is_extrapolated_pessimistically_and_then_tried(
     c = plus(delta=0.3, g_init=4)
     rng = np.random.default_rng(1)
     c.propose()
-    c.observe(tail_lengths(rng, 64, 4, 0.01))  # G=4 straggles ~0.04: every G fits 0.3
+    c.observe(
+        StepObservation.of_groups(tail_lengths(rng, 64, 4, 0.01))
+    )  # G=4 straggles ~0.04: every G fits 0.3
     p = c.estimate()
     assert p[0] < p[1] < p[2]  # the tail model grows with G
     gs, _ = drive(c, lambda t: 0.01, 20, rng)
@@ -192,7 +196,7 @@ def test_meets_the_bars_against_the_oracle_on_short_worlds():
         gs, ss = [], []
         for t in range(80):
             g = c.propose()
-            ss.append(c.observe(world.lengths(t, g))["s_t"])
+            ss.append(c.observe(StepObservation.of_groups(world.lengths(t, g)))["s_t"])
             gs.append(g)
         assert np.mean(ss[10:]) - best["allowed"][10:].mean() <= 0.03
         assert best["log2_G"][10:].mean() - np.log2(gs[10:]).mean() <= 0.3

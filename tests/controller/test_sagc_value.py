@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 
 from sagc_jax.config import ControllerConfig, SAGCPlusConfig, SAGCValueConfig, load_config
-from sagc_jax.controller import SAGCPlusController, SAGCValueController, make_controller
+from sagc_jax.controller import (
+    SAGCPlusController,
+    SAGCValueController,
+    StepObservation,
+    make_controller,
+)
 from sagc_jax.controller.sagc_value import beta_moment, decode_slots
 from sagc_jax.sim.worlds import TailWorld, oracle, rates_table
 
@@ -37,7 +42,7 @@ def drive(controller, world, rewards_of, steps, rng):
         g = controller.propose()
         lengths = world.lengths(t, g)
         rewards = rewards_of(t, lengths.shape, rng)
-        m = controller.observe(lengths, rewards_pg=rewards)
+        m = controller.observe(StepObservation.of_groups(lengths, rewards_pg=rewards))
         assert g <= m.get("ceiling_group_size", g)  # never above SAGC+'s choice
         gs.append(g)
         ss.append(m["s_t"])
@@ -73,7 +78,7 @@ def test_signal_counts_every_smaller_rung_through_chunks():
     rewards = np.zeros((4, 16))
     rewards[0, 0] = 1.0  # group 0: only its first chunk of 4 and of 8 holds a success
     rewards[1, 5] = 1.0  # group 1: its second chunk of 4, its first of 8
-    c.observe(np.full((4, 16), 10), rewards_pg=rewards)
+    c.observe(StepObservation.of_groups(np.full((4, 16), 10), rewards_pg=rewards))
     # rung 4: groups 0 and 1 each have 1 of 4 chunks varied -> 0.5 trials; rung 8: 2 x 1/2
     np.testing.assert_allclose(c.signal, [0.5, 1.0, 2.0])
     np.testing.assert_allclose(c.groups, [4.0, 4.0, 4.0])
@@ -86,7 +91,9 @@ def test_a_cut_group_gives_no_signal_evidence():
     c.propose()
     rewards = np.array([[1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
     finished = np.array([[True] * 4, [True, True, True, False]])
-    c.observe(np.array([[10, 10, 10, 10], [10, 10, 10, 40]]), finished, rewards)
+    c.observe(
+        StepObservation.of_groups(np.array([[10, 10, 10, 10], [10, 10, 10, 40]]), finished, rewards)
+    )
     np.testing.assert_allclose(c.groups, [1.0, 0.0, 0.0])
 
 
@@ -94,7 +101,7 @@ def test_rewards_of_another_shape_are_rejected():
     c = value()
     c.propose()
     with pytest.raises(ValueError, match="rewards_pg has shape"):
-        c.observe(np.full((2, 8), 10), rewards_pg=np.zeros((2, 4)))
+        c.observe(StepObservation.of_groups(np.full((2, 8), 10), rewards_pg=np.zeros((2, 4))))
 
 
 # ---------------------------------------------------------------- choices
@@ -276,7 +283,7 @@ def test_processes_with_the_same_gathered_statistics_agree_on_g():
         lengths = world.lengths(t, g)
         rewards = bernoulli_rewards(rng, lengths.shape, 0.02 + 0.008 * t)
         for c in procs:
-            c.observe(lengths.copy(), rewards_pg=rewards.copy())
+            c.observe(StepObservation.of_groups(lengths.copy(), rewards_pg=rewards.copy()))
     for key, item in procs[0].state_dict().items():
         np.testing.assert_array_equal(procs[1].state_dict()[key], item)
 
