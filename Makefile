@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: train test test-fast simulate experiment soak lint clean clean-runs real-model real-train
+.PHONY: train test test-heavy test-fast simulate experiment soak lint clean clean-runs real-model real-train
 
 # (Re)install when pyproject.toml changes; the venv is created on first use. The demo needs the
 # package alone; the tests (and lint) add the dev extra: pytest, ruff, CPU PyTorch, transformers.
@@ -83,15 +83,20 @@ experiment: $(STAMP)
 	$(STUDY) --seeds 5 --set data.prompt_pool=128 --set controller.hybrid.rows_per_step=128 \
 		--set logging.run_dir=$(EXPERIMENT_DIR)/pool-budget --controllers fixed:8,hybrid:per_prompt
 
-# The whole suite, one worker per core (pytest-xdist), a test file's tests on one worker so that
-# its fixtures are built once. tests/conftest.py gives every test and subprocess one persistent
-# XLA compilation cache. `make test-fast` leaves out the tests marked slow (training runs,
-# multi-process runs, real-size plans): the edit-run loop, under 2 minutes with a warm cache.
+# The suite, one worker per core (pytest-xdist), a test file's tests on one worker so that its
+# fixtures are built once. tests/conftest.py gives every test and subprocess one persistent XLA
+# compilation cache. `make test` leaves out the heavy tier (several processes or devices, the
+# LoRA learning run, the real 135M model: a minute or more each), which `make test-heavy` runs;
+# CI (.ci/run) runs both. `make test-fast` also leaves out the tests marked slow (training runs,
+# real-size plans): the edit-run loop, under 2 minutes with a warm cache.
 test: $(DEV_STAMP)
-	$(PY) -m pytest -n auto --dist loadfile
+	$(PY) -m pytest -n auto --dist loadfile -m "not heavy"
+
+test-heavy: $(DEV_STAMP)
+	$(PY) -m pytest -n auto --dist loadfile -m heavy
 
 test-fast: $(DEV_STAMP)
-	$(PY) -m pytest -n auto --dist loadfile -m "not slow"
+	$(PY) -m pytest -n auto --dist loadfile -m "not slow and not heavy"
 
 # The chaos soak (docs/reliability.md), not part of `make test`: the demo killed (SIGKILL, SIGTERM,
 # SIGINT) and restarted at random moments for an hour, each completed run checked bit for bit

@@ -282,7 +282,7 @@ def _lengths(run_dir):
     return [r["lengths"] for r in map(json.loads, lines) if "lengths" in r]
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_eight_devices_train_like_one(tmp_path):
     _train_on(1, tmp_path / "one")
     mesh = ["mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2"]
@@ -330,7 +330,7 @@ print(json.dumps({k: spec(v) for k, v in {
     assert specs["q_dnh"] != [None, None, None]  # the mesh does split the weight
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_lora_learns_the_demo_task(tmp_path):
     """From the CPU demo's supervised warm start, 10 steps of LoRA (rank 8, the demo's learning
     rate times 10, docs/lora.md) raise the held-out accuracy by at least 0.1 (64 prompts; the

@@ -89,7 +89,7 @@ def _chat_ids(tok, messages) -> list[int]:
     return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_tokenizer_and_chat_template_match_transformers(hf, ours):
     hf_tok, _ = hf
     tok, _, _ = ours
@@ -104,7 +104,7 @@ def test_tokenizer_and_chat_template_match_transformers(hf, ours):
     assert (tok.eos_id, tok.pad_id, tok.bos_id) == (2, 2, 1)  # <|im_end|>, <|im_end|>, <|im_start|>
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_logits_match_transformers(hf, ours):
     import torch
 
@@ -120,7 +120,7 @@ def test_logits_match_transformers(hf, ours):
         assert got[-1].argmax() == want[-1].argmax()
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_greedy_decoding_matches_transformers_generate(hf, ours):
     import torch
 
@@ -149,7 +149,7 @@ def test_greedy_decoding_matches_transformers_generate(hf, ours):
         assert out.tokens_bt[row, :n].tolist() == want, (tok.decode(want), row)
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_one_grpo_step_then_export_loads_in_transformers(model_dir, tmp_path, capsys):
     """`sagc-jax train` one GRPO step (2 prompts x G=2, 16 new tokens) from the real weights,
     then `sagc-jax export`: transformers loads the export, its logits are finite."""

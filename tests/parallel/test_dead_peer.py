@@ -262,7 +262,7 @@ def _two_processes(run_dir, crash_at=None, crashing=1):
     return [p.returncode for p in procs], outs
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_a_killed_process_stops_the_survivor_with_one_line_and_the_rerun_resumes(tmp_path):
     run_dir = tmp_path / "run"
     codes, outs = _two_processes(run_dir, crash_at="rollout:3")  # SIGKILL in step 4
@@ -282,7 +282,7 @@ def test_a_killed_process_stops_the_survivor_with_one_line_and_the_rerun_resumes
     assert (run_dir / "checkpoints" / "4" / "integrity.json").is_file()
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_the_coordinators_death_ends_the_survivor_with_one_line_and_the_rerun_resumes(tmp_path):
     """Process 0 hosts jax.distributed's coordination service: when it dies, the runtime aborts
     the others at once (SIGABRT, a C++ stack dump); each process trains in a supervised child,

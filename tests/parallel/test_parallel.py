@@ -124,7 +124,7 @@ def sharded():
     return _worker("update", "0.04")  # with a KL term: the reference model is sharded too
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_sharded_update_matches_one_device(sharded):
     base = sharded["single"]
     names = ("fsdp2", "fsdp8", "tensor4", "mixed")
@@ -140,7 +140,7 @@ def test_sharded_update_matches_one_device(sharded):
     )
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_sharded_generation_matches_one_device(sharded):
     base = sharded["single"]
     for name in ("fsdp2", "fsdp8", "tensor4", "mixed"):
@@ -148,7 +148,7 @@ def test_sharded_generation_matches_one_device(sharded):
         np.testing.assert_allclose(sharded[name]["logprobs"], base["logprobs"], atol=1e-4)
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_parameters_and_optimizer_state_are_really_split(sharded):
     nbytes = {name: run["param_bytes"] for name, run in sharded.items()}
     assert nbytes["single"] > nbytes["fsdp2"] > nbytes["fsdp8"]
@@ -162,13 +162,13 @@ def test_parameters_and_optimizer_state_are_really_split(sharded):
     assert sharded["mixed"]["param_spec"] == ["fsdp", "tensor"]
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_sharded_programs_compile_once_per_shape(sharded):
     for name, run in sharded.items():
         assert run["update_traces"] == 1 and run["sampler_traces"] == 1, name
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_trainer_on_a_mesh_compiles_one_program_per_candidate(tmp_path):
     result = _worker("trainer", str(tmp_path / "run"))
     assert result["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1}
@@ -265,7 +265,7 @@ def _group_sizes(run_dir):
     return [r["group_size"] for r in _metrics(run_dir) if "group_size" in r]
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     "extra",
     [
@@ -287,7 +287,7 @@ def test_two_processes_train_like_one(tmp_path, extra):
     chex.assert_trees_all_close(_params(two, 4), _params(one, 4), rtol=1e-7, atol=1e-6)
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_a_run_resumes_on_a_different_mesh(tmp_path):
     moved, straight = tmp_path / "moved", tmp_path / "straight"
     _train(moved, steps=2, devices=1)
@@ -298,7 +298,7 @@ def test_a_run_resumes_on_a_different_mesh(tmp_path):
     chex.assert_trees_all_close(_params(moved, 3), _params(straight, 3), rtol=1e-7, atol=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_a_signal_to_one_process_stops_all_at_the_same_step(tmp_path):
     run_dir = tmp_path / "run"
     overrides = [*RUN, "train.steps=500", "train.checkpoint_every=0", f"logging.run_dir={run_dir}"]
@@ -344,7 +344,7 @@ def _tail_records(run_dir):
     ]
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_two_processes_agree_on_tail_batching_and_resume_with_prompts_waiting(tmp_path):
     """Each process keeps its first whole groups and defers the rest; the processes' queues stay
     as long as each other's (the trainer checks every step that their controllers agree), and a
@@ -372,7 +372,7 @@ def _lost_lines(run_dir, err, what):
     return [x for x in err.splitlines() if x.strip()] == [line]
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_three_processes_outlive_a_middle_rank_resume_and_train_like_one(tmp_path):
     """Three processes share 3 prompts a step and split the 4 held-out prompts unevenly (the
     evaluation pads them to 6); 4 prompts a step cannot be shared and are refused in one line.
@@ -403,7 +403,7 @@ def test_three_processes_outlive_a_middle_rank_resume_and_train_like_one(tmp_pat
     chex.assert_trees_all_close(_params(run_dir, 4), _params(one, 4), rtol=1e-7, atol=1e-6)
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_a_stalled_coordinator_of_four_processes_ends_the_others_with_one_line(tmp_path):
     """Process 0 stops (SIGSTOP) in step 3: its coordination service neither answers nor fails,
     so the others' calls to it hang; each of them still ends within --peer-timeout with the one

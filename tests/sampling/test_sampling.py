@@ -387,7 +387,7 @@ print("OK")
 """
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_sharded_over_two_host_devices_matches_one_device():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
     env["JAX_PLATFORMS"] = "cpu"
