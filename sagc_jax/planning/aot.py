@@ -32,11 +32,10 @@ from sagc_jax.models.layers import attention_platform
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.planning.host_memory import resident_bytes
 from sagc_jax.planning.plan import GIB, architecture, memory_plan
-from sagc_jax.programs.packing import resolve_pack_len, row_ladder, row_multiple
+from sagc_jax.programs.packing import row_ladder
 from sagc_jax.programs.shapes import (
+    RunShape,
     check_batch_shapes,
-    rollout_shapes,
-    tail_rollout_shapes,
 )
 from sagc_jax.programs.state import abstract_policy, build_run
 from sagc_jax.programs.update import batch_spec, packed_batch_spec
@@ -209,6 +208,9 @@ def run_programs(cfg: Config, target: Target, shapes: str = "largest") -> list[P
     processes = target.processes
     controller = make_controller(cfg.controller)
     check_batch_shapes(cfg, controller.candidates, plan.batch_shards, processes)
+    shape = RunShape(
+        cfg, controller.candidates, processes, plan.batch_shards, _rollout_slots(cfg, target)
+    )
     arch, _ = architecture(cfg)
     m, s, t = cfg.model, cfg.sampling, cfg.train
 
@@ -250,7 +252,7 @@ def run_programs(cfg: Config, target: Target, shapes: str = "largest") -> list[P
 
         return lower
 
-    rollout_sampler = sampler(_rollout_slots(cfg, target))
+    rollout_sampler = sampler(shape.slots)
     out: list[Program] = []
     if run.merge is not None:
         out.append(
@@ -264,7 +266,7 @@ def run_programs(cfg: Config, target: Target, shapes: str = "largest") -> list[P
             )
         )
     estimates = {}
-    for label, (rollouts, prompts) in rollout_shapes(cfg, controller.candidates).items():
+    for label, (rollouts, prompts) in shape.rollouts.items():
         g = rollouts // prompts
         with attention_platform(target.platform):  # the residuals of the target's attention
             estimates[label] = _formula(
@@ -292,24 +294,22 @@ def run_programs(cfg: Config, target: Target, shapes: str = "largest") -> list[P
                     None,
                 )
             )
-    if cfg.tail_batching.enabled:
-        tails = tail_rollout_shapes(cfg, controller.candidates, processes)
-        for g, (started, keep) in tails.items():
-            lower = on_target(
-                rollout_sampler.lower,
-                decoded,
-                started * g,
-                buckets[-1],
-                max_new_tokens=new,
-                prompts=started,
-                keep_groups=keep,
-            )
-            detail = f"{started * g} rollouts of {started} prompts, keeps {keep * processes}"
-            out.append(Program(f"tail sampler G={g}", detail, lower, beside_sampler, None, None))
+    for g, (started, keep) in shape.tail_rollouts.items():
+        lower = on_target(
+            rollout_sampler.lower,
+            decoded,
+            started * g,
+            buckets[-1],
+            max_new_tokens=new,
+            prompts=started,
+            keep_groups=keep,
+        )
+        detail = f"{started * g} rollouts of {started} prompts, keeps {keep * processes}"
+        out.append(Program(f"tail sampler G={g}", detail, lower, beside_sampler, None, None))
 
     counted_once = loops_counted_once(target.devices)
-    for label, (rollouts, _) in rollout_shapes(cfg, controller.candidates).items():
-        batches = _update_batches(cfg, plan, processes, rollouts, buckets, shapes)
+    for label, (rollouts, _) in shape.rollouts.items():
+        batches = _update_batches(shape, plan, rollouts, buckets, shapes)
         for i, (rows, width, batch) in enumerate(batches):
             lower = on_target(run.lower_update, state, batch, key)
             layout = "packed" if t.packing else "padded"
@@ -360,19 +360,15 @@ def _rollout_slots(cfg: Config, target: Target) -> int:
     return auto_slots(cfg, len(target.devices), target.memory_bytes)
 
 
-def _update_batches(cfg: Config, plan, processes: int, rollouts: int, buckets, shapes: str):
+def _update_batches(shape: RunShape, plan, rollouts: int, buckets, shapes: str):
     """(global rows, tokens per row, abstract batch) of each update program of a step of
     ``rollouts`` rollouts: the packed rungs (the top one with ``largest``) or one padded batch
     per prompt bucket."""
-    t, s = cfg.train, cfg.sampling
-    if not t.packing:
-        return [
-            (rollouts, b + s.max_new_tokens, batch_spec(rollouts, b, s.max_new_tokens, plan.rows))
-            for b in buckets
-        ]
-    pack_len = resolve_pack_len(t.pack_len, cfg.sampling.prompt_buckets, s.max_new_tokens)
-    multiple = row_multiple(t.minibatches, t.microbatches, plan.batch_shards, processes)
-    rungs = row_ladder(multiple, rollouts // processes)
+    new, processes = shape.cfg.sampling.max_new_tokens, shape.processes
+    if not shape.cfg.train.packing:
+        return [(rollouts, b + new, batch_spec(rollouts, b, new, plan.rows)) for b in buckets]
+    pack_len = shape.pack_len
+    rungs = row_ladder(shape.row_multiple, rollouts // processes)
     rungs = rungs if shapes == "all" else rungs[-1:]
     return [
         (r * processes, pack_len, packed_batch_spec(r * processes, pack_len, plan.rows))

@@ -5,10 +5,12 @@ the optimizer."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from sagc_jax.config import Config, ConfigError
 from sagc_jax.programs.optim import make_optimizer
+from sagc_jax.programs.packing import resolve_pack_len, row_multiple
 from sagc_jax.programs.tail import TailBatcher
 from sagc_jax.programs.update import UpdateSettings
 from sagc_jax.rl import ALGORITHMS
@@ -51,6 +53,57 @@ def tail_rollout_shapes(
         keep, extra = tail.shape(prompts_for(cfg, g))
         shapes[g] = ((keep + extra) * processes, keep)
     return shapes
+
+
+@dataclasses.dataclass(frozen=True)
+class RunShape:
+    """A run's shapes with every "auto" resolved, once at start-up from the config, the data
+    source and the devices; what the samplers, the update batch, compile-ahead and ``plan
+    --compile`` read instead of resolving again.
+
+    ``cfg``: the run's config with its prompt buckets concrete (``sampling.prompt_buckets:
+    auto`` resolved from the data); ``slots``: rollout rows decoding at once (0: every rollout
+    of a step; ``sampling.slots: auto`` resolved from the devices' memory)."""
+
+    cfg: Config
+    candidates: tuple[int, ...]  # the controller's group sizes
+    processes: int
+    batch_shards: int  # the mesh's batch shards (the plan's)
+    slots: int
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        return tuple(self.cfg.sampling.prompt_buckets)
+
+    @property
+    def pack_len(self) -> int:
+        """Tokens of a packed update row (``train.pack_len``; 0: the longest bucket plus
+        ``sampling.max_new_tokens``)."""
+        t, s = self.cfg.train, self.cfg.sampling
+        return resolve_pack_len(t.pack_len, self.buckets, s.max_new_tokens)
+
+    @property
+    def row_multiple(self) -> int:
+        """What each process's update rows must be a multiple of (minibatches x microbatches
+        x its share of the batch shards)."""
+        t = self.cfg.train
+        return row_multiple(t.minibatches, t.microbatches, self.batch_shards, self.processes)
+
+    def prompts(self, group_size: int) -> int:
+        """Prompts a step samples at ``group_size`` (every process's)."""
+        return prompts_for(self.cfg, group_size)
+
+    @property
+    def rollouts(self) -> dict[str, tuple[int, int]]:
+        """``rollout_shapes`` of the run: (rollouts, prompts) of each sampler program."""
+        return rollout_shapes(self.cfg, self.candidates)
+
+    @property
+    def tail_rollouts(self) -> dict[int, tuple[int, int]]:
+        """``tail_rollout_shapes`` of the run (empty without tail batching)."""
+        if not self.cfg.tail_batching.enabled:
+            return {}
+        return tail_rollout_shapes(self.cfg, self.candidates, self.processes)
 
 
 def check_hybrid(cfg: Config, processes: int = 1) -> None:

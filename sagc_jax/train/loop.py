@@ -31,12 +31,7 @@ from sagc_jax.programs.policy import (
     build_sharded_policy,
     build_tokenizer,
 )
-from sagc_jax.programs.shapes import (
-    check_batch_shapes,
-    check_hybrid,
-    rollout_shapes,
-    tail_rollout_shapes,
-)
+from sagc_jax.programs.shapes import RunShape, check_batch_shapes, check_hybrid
 from sagc_jax.programs.state import build_run
 from sagc_jax.programs.tail import TailBatcher
 from sagc_jax.programs.update import batch_spec
@@ -108,6 +103,13 @@ class Trainer:
         )
         if cfg.train.memory_check:
             check_device_memory(resolved)
+        self.shape = RunShape(
+            resolved,
+            self.controller.candidates,
+            jax.process_count(),
+            self.plan.batch_shards,
+            slots=rollout_slots(resolved, self._say),
+        )
         policy = build_sharded_policy(cfg, self.tokenizer, cfg.train.seed, self.plan)
         if cfg.train.init_checkpoint:
             params = load_run_params(cfg.train.init_checkpoint, policy.params)
@@ -117,8 +119,7 @@ class Trainer:
         self.programs, self.state = build_run(cfg, self.plan, policy)
         check_free_space(self.run_dir, (self.state.params, self.state.opt_state))
         self.scale_by_std = ALGORITHMS[cfg.loss.algorithm].scale_by_std
-        buckets = self.source.prompt_buckets
-        self.batcher = UpdateBatcher(cfg, self.plan, buckets, self.programs.settings.aggregation)
+        self.batcher = UpdateBatcher(self.shape, self.plan, self.programs.settings.aggregation)
         on_mesh = dict(
             plan=self.plan,
             state_shardings=self.programs.sampling_shardings,
@@ -134,7 +135,7 @@ class Trainer:
                 slots=slots,
                 **on_mesh,
             )
-            for slots in (rollout_slots(resolved, self._say), 0)
+            for slots in (self.shape.slots, 0)
         )
         self.root_key = jax.random.key(cfg.train.seed)
         self.step = 0
@@ -187,10 +188,10 @@ class Trainer:
         cfg = self.cfg
         first = self.source.batch(self.step, 0, jax.process_count())  # one prompt per process
         width = int(gather_rows(np.array([len(self.source.encode(first[0]))])).max())
-        bucket = bucket_length(width, self.source.prompt_buckets)  # 'auto' resolved
+        bucket = bucket_length(width, self.shape.buckets)
         new = cfg.sampling.max_new_tokens
         key = jax.random.key(0)
-        for label, (n, prompts) in rollout_shapes(cfg, self.controller.candidates).items():
+        for label, (n, prompts) in self.shape.rollouts.items():
             t0 = time.perf_counter()
             self.sampler.compile(
                 self.sampling_params(), n, bucket, max_new_tokens=new, prompts=prompts
@@ -204,20 +205,19 @@ class Trainer:
             self.programs.compile_update(self.state, batch, key)
             t2 = time.perf_counter()
             log(f"compiled {label} ({n} rollouts): rollout {t1 - t0:.1f} s, update {t2 - t1:.1f} s")
-        if self.tail is not None:  # a tail step's rollout: more prompts, the exit test
-            tails = tail_rollout_shapes(cfg, self.controller.candidates, jax.process_count())
-            for g, (started, keep) in tails.items():
-                t0 = time.perf_counter()
-                self.sampler.compile(
-                    self.sampling_params(),
-                    started * g,
-                    bucket,
-                    max_new_tokens=new,
-                    prompts=started,
-                    keep_groups=keep,
-                )
-                seconds = time.perf_counter() - t0
-                log(f"compiled tail step G={g} ({started * g} rollouts): rollout {seconds:.1f} s")
+        # a tail step's rollout: more prompts, the exit test
+        for g, (started, keep) in self.shape.tail_rollouts.items():
+            t0 = time.perf_counter()
+            self.sampler.compile(
+                self.sampling_params(),
+                started * g,
+                bucket,
+                max_new_tokens=new,
+                prompts=started,
+                keep_groups=keep,
+            )
+            seconds = time.perf_counter() - t0
+            log(f"compiled tail step G={g} ({started * g} rollouts): rollout {seconds:.1f} s")
 
     # ------------------------------------------------------------------ one step
 

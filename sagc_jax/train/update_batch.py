@@ -7,34 +7,24 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from sagc_jax.config import Config
 from sagc_jax.parallel import ShardingPlan, gather_rows
-from sagc_jax.programs.packing import (
-    pack_update_batch,
-    packed_rows_needed,
-    resolve_pack_len,
-    row_multiple,
-)
+from sagc_jax.programs.packing import pack_update_batch, packed_rows_needed
+from sagc_jax.programs.shapes import RunShape
 from sagc_jax.rl import completion_mask
 from sagc_jax.train.rollout import Rollouts
 
 
 class UpdateBatcher:
-    """Builds the update batch of each step under ``cfg`` on ``plan``'s mesh; packed rows hold
-    ``pack_len`` tokens (``train.pack_len``, 0: the longest of ``prompt_buckets`` plus
-    ``sampling.max_new_tokens``; a shorter one raises ConfigError here)."""
+    """Builds the update batch of each step of a run of shape ``shape`` on ``plan``'s mesh;
+    packed rows hold ``shape.pack_len`` tokens (a ``train.pack_len`` shorter than a bucket
+    plus ``sampling.max_new_tokens`` raises ConfigError here)."""
 
-    def __init__(
-        self, cfg: Config, plan: ShardingPlan, prompt_buckets: tuple[int, ...], aggregation: str
-    ):
-        t = cfg.train
-        self.cfg = cfg
+    def __init__(self, shape: RunShape, plan: ShardingPlan, aggregation: str):
+        self.cfg = shape.cfg
         self.plan = plan
         self.aggregation = aggregation  # the loss's (``UpdateSettings.aggregation``)
-        self.pack_len = resolve_pack_len(t.pack_len, prompt_buckets, cfg.sampling.max_new_tokens)
-        self.row_multiple = row_multiple(
-            t.minibatches, t.microbatches, plan.batch_shards, jax.process_count()
-        )
+        self.pack_len = shape.pack_len
+        self.row_multiple = shape.row_multiple
 
     def __call__(self, batch: Rollouts, adv: np.ndarray) -> dict[str, jax.Array]:
         """The update's input of this process's rollouts ``batch`` and their advantages

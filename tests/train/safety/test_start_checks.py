@@ -74,9 +74,9 @@ def test_a_disk_without_room_for_a_checkpoint_is_refused_before_compiling(
     monkeypatch.setattr(disk, "free_bytes", lambda directory: 1000)
 
     def no_compile(*args, **kwargs):
-        raise AssertionError("a program was built before the disk check")
+        raise AssertionError("a sampler was built before the disk check")
 
-    monkeypatch.setattr(loop, "PolicyPrograms", no_compile)
+    monkeypatch.setattr(loop, "policy_sampler", no_compile)
     run = tmp_path / "run"
     assert train(run) == 2
     err = capsys.readouterr().err.strip()
