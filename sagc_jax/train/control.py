@@ -11,37 +11,34 @@ import numpy as np
 
 from sagc_jax.controller import GroupController, StepObservation
 from sagc_jax.parallel import any_process, from_leader, gather_rows
-from sagc_jax.tasks.source import PromptSource
-from sagc_jax.train.rollout import Rollouts
+from sagc_jax.train.rollout import Rollouts, StepPrompts
 
 
 def agreed_group_size(
-    controller: GroupController, source: PromptSource, step: int, prompts_per_step: int
+    controller: GroupController, prompts: StepPrompts, prompts_per_step: int
 ) -> int | np.ndarray:
-    """The controller's G for step ``step``, or int64 [P] per-prompt sizes (hybrid
+    """The controller's G for the step of ``prompts``, or int64 [P] per-prompt sizes (hybrid
     ``per_prompt``), checked to be process 0's (the controllers of all processes see the same
     gathered statistics and prompts, so they must agree)."""
     if controller.prompt_aware:
-        g = controller.propose_for(*_step_prompts(source, step, prompts_per_step))
+        g = controller.propose_for(*_step_prompts(prompts, prompts_per_step))
     else:
         g = controller.propose()
     leader_g = from_leader(np.asarray(g, np.int32))
     if any_process(not np.array_equal(leader_g, g)):  # all stop together, none waits alone
         raise RuntimeError(
-            f"step {step}: the processes' controllers disagree (process "
+            f"step {prompts.step}: the processes' controllers disagree (process "
             f"{jax.process_index()}: G = {g}, process 0: G = {leader_g}); their states diverged"
         )
     return g
 
 
-def _step_prompts(
-    source: PromptSource, step: int, prompts_per_step: int
-) -> tuple[np.ndarray, np.ndarray]:
+def _step_prompts(prompts: StepPrompts, prompts_per_step: int) -> tuple[np.ndarray, np.ndarray]:
     """(ids int64 [P], prompt tokens int64 [P]) of the step's prompts, every process's, in
     the order of the global batch (``train.batch_mode: prompts``: they do not depend on G)."""
-    prompts = source.batch(step, 0, prompts_per_step)
-    ids = np.array([p.id for p in prompts], np.int64)
-    tokens = np.array([len(source.encode(p)) for p in prompts], np.int64)
+    batch, encoded = prompts.round(0, prompts_per_step)
+    ids = np.array([p.id for p in batch], np.int64)
+    tokens = np.array([len(x) for x in encoded], np.int64)
     return gather_rows(ids), gather_rows(tokens)
 
 

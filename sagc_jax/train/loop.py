@@ -52,7 +52,7 @@ from sagc_jax.train.hooks import (
 )
 from sagc_jax.train.lora_base import base_identity
 from sagc_jax.train.metrics import MetricsWriter, StepResult, read_metrics, step_record, summarize
-from sagc_jax.train.rollout import sample_step, shaped_rewards
+from sagc_jax.train.rollout import StepPrompts, sample_step
 from sagc_jax.train.safety.faults import StopRequest, crash_point, phase, resume_hint
 from sagc_jax.train.safety.preflight import check_device_memory, check_free_space, rollout_slots
 from sagc_jax.train.safety.run_state import RunState
@@ -226,23 +226,21 @@ class Trainer:
         score) -> shape rewards -> advantages -> update batch -> update -> observe. What it
         produced becomes the step's log line through :meth:`record`."""
         clock = {"start": time.perf_counter()}
-        g = agreed_group_size(
-            self.controller, self.source, self.step, self.cfg.train.prompts_per_step
-        )
+        prompts = StepPrompts(self.source, self.step)  # fetched and encoded once
+        g = agreed_group_size(self.controller, prompts, self.cfg.train.prompts_per_step)
         rollout_key, update_key = jax.random.split(jax.random.fold_in(self.root_key, self.step))
         crash_point("rollout", self.step)
         batch, rounds = sample_step(
             self.sampler,
             self.sampling_params(),
-            self.source,
-            self.step,
+            prompts,
             g,
             rollout_key,
             cfg=self.cfg,
             tail=self.tail,
         )
         clock["sampled"] = time.perf_counter()
-        rewards = shaped_rewards(batch, self.cfg)
+        rewards = batch.shaped
         adv, zero_variance_p = self._advantages(rewards, batch.group_sizes)
         update_batch = self.batcher(batch, adv)
         clock["packed"] = time.perf_counter()

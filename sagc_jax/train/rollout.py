@@ -41,6 +41,7 @@ class Rollouts:
     truncated: np.ndarray  # bool [N]
     texts: list[str]  # [N]
     rewards: np.ndarray  # float32 [N], before shaping
+    shaped: np.ndarray | None = None  # float32 [N]: after overlong shaping (``sample_step``'s)
     failed_rows: tuple[int, ...] = ()
     timed_out_rows: tuple[int, ...] = ()  # scored 0.0 at the reward's time limit
     batch_timeouts: int = 0  # reward calls of a whole batch past the limit, then scored by row
@@ -80,6 +81,7 @@ class Rollouts:
             truncated=self.truncated[rows],
             texts=[self.texts[r] for r in rows],
             rewards=self.rewards[rows],
+            shaped=None if self.shaped is None else self.shaped[rows],
             failed_rows=(),
             timed_out_rows=(),
             batch_timeouts=0,
@@ -104,6 +106,7 @@ class Rollouts:
             truncated=cat("truncated"),
             texts=[t for p in parts for t in p.texts],
             rewards=cat("rewards"),
+            shaped=None if any(p.shaped is None for p in parts) else cat("shaped"),
             failed_rows=(),
             timed_out_rows=(),
             batch_timeouts=0,
@@ -117,6 +120,24 @@ class Rollouts:
     def cut_rows(self) -> np.ndarray:
         """bool [N]: ``cut``, all False where None."""
         return np.zeros(len(self.lengths), bool) if self.cut is None else self.cut
+
+
+class StepPrompts:
+    """A step's prompts of each round, fetched from the source and encoded once: the
+    controller's proposal, the step's prompt width and the rounds' rollouts share them."""
+
+    def __init__(self, source: PromptSource, step: int):
+        self.source, self.step = source, step
+        self._rounds: dict[tuple[int, int], tuple[list[Prompt], list[list[int]]]] = {}
+
+    def round(self, round_: int, num_prompts: int) -> tuple[list[Prompt], list[list[int]]]:
+        """(this process's prompts of round ``round_`` of ``num_prompts`` in all, their token
+        ids)."""
+        key = (round_, num_prompts)
+        if key not in self._rounds:
+            prompts = self.source.batch(self.step, round_, num_prompts)
+            self._rounds[key] = (prompts, [self.source.encode(p) for p in prompts])
+        return self._rounds[key]
 
 
 def generate(
@@ -135,6 +156,7 @@ def generate(
     reward_on_error: str = "raise",
     min_length: int = 0,
     keep_groups: int = 0,
+    encoded: list[list[int]] | None = None,
 ) -> Rollouts:
     """Sample ``group_sizes`` completions of every prompt (one G for all, or int [P] sizes)
     and score them with the source's reward.
@@ -142,8 +164,9 @@ def generate(
     Prompts are padded to the bucket of the longest prompt of every process (the processes'
     rows form one global batch of one width), or of ``min_length`` if longer. ``keep_groups``:
     the sampler's exit test (tail batching; ``Rollouts.cut`` then says which rows it stopped).
+    ``encoded``: the prompts' token ids when already encoded.
     """
-    encoded = [source.encode(p) for p in prompts]
+    encoded = [source.encode(p) for p in prompts] if encoded is None else encoded
     longest = int(gather_rows(np.array([max(min_length, *map(len, encoded))])).max())
     ids_pt, lens_p = left_pad(encoded, source.tokenizer.pad_id, buckets, min_length=longest)
     sizes_p = np.broadcast_to(np.asarray(group_sizes, dtype=np.int64), (len(prompts),)).copy()
@@ -197,36 +220,35 @@ def generate(
 # ---------------------------------------------------------------------- a training step's batch
 
 
-def shaped_rewards(r: Rollouts, cfg: Config) -> np.ndarray:
-    """Rewards after DAPO overlong shaping, float32 [N]."""
+def with_shaped_rewards(r: Rollouts, cfg: Config) -> Rollouts:
+    """``r`` with its rewards after DAPO overlong shaping (``Rollouts.shaped``, float32 [N])."""
     loss = cfg.loss
-    return r.rewards + overlong_penalty(
-        r.lengths,
-        cfg.sampling.max_new_tokens,
-        loss.overlong_buffer,
-        loss.overlong_penalty,
+    penalty = overlong_penalty(
+        r.lengths, cfg.sampling.max_new_tokens, loss.overlong_buffer, loss.overlong_penalty
     )
+    return dataclasses.replace(r, shaped=r.rewards + penalty)
 
 
 def sample_step(
     sampler,
     params,
-    source: PromptSource,
-    step: int,
+    prompts: StepPrompts,
     sizes: int | np.ndarray,
     key: jax.Array,
     *,
     cfg: Config,
     tail: TailBatcher | None,
 ) -> tuple[Rollouts, list[Rollouts]]:
-    """(the training batch, every round sampled for it) of step ``step``: this process's share
-    of P groups of G, or of the per-prompt ``sizes`` [P]. Tail batching (``tail``) samples one
-    round and trains on its first whole groups; otherwise see :func:`_sample_rounds`."""
+    """(the training batch, every round sampled for it) of the step of ``prompts``: this
+    process's share of P groups of G, or of the per-prompt ``sizes`` [P], their rewards shaped
+    (``Rollouts.shaped``). Tail batching (``tail``) samples one round and trains on its first
+    whole groups; otherwise see :func:`_sample_rounds`."""
+    source, step = prompts.source, prompts.step
     num_prompts = prompts_for(cfg, sizes) if np.ndim(sizes) == 0 else len(sizes)
-    settings = _generate_settings(cfg, source, step, num_prompts)
+    settings = _generate_settings(cfg, prompts, num_prompts)
     if tail is None:
         return _sample_rounds(
-            sampler, params, source, step, sizes, key, cfg=cfg, num_prompts=num_prompts, **settings
+            sampler, params, prompts, sizes, key, cfg=cfg, num_prompts=num_prompts, **settings
         )
     round_ = tail.next_round(source, step, num_prompts)  # or a long round's every group
     r = generate(
@@ -239,15 +261,15 @@ def sample_step(
         keep_groups=round_.keep_groups,
         **settings,
     )
+    r = with_shaped_rewards(r, cfg)
     kept = tail.settle(round_, r.cut_p, step)
     return r.select_groups(kept), [r]
 
 
-def _generate_settings(
-    cfg: Config, source: PromptSource, step: int, num_prompts: int
-) -> dict[str, Any]:
+def _generate_settings(cfg: Config, prompts: StepPrompts, num_prompts: int) -> dict[str, Any]:
     """The keyword arguments of :func:`generate` that are the same for every round of a step."""
     s = cfg.sampling
+    source = prompts.source
     settings = dict(
         max_new_tokens=s.max_new_tokens,
         temperature=s.temperature,
@@ -258,9 +280,9 @@ def _generate_settings(
     )
     if source.rounds_per_step > 1:  # every round of the step gets one width
         settings["min_length"] = max(
-            len(source.encode(p))
+            len(ids)
             for round_ in range(source.rounds_per_step)
-            for p in source.batch(step, round_, num_prompts)
+            for ids in prompts.round(round_, num_prompts)[1]
         )
     return settings
 
@@ -268,8 +290,7 @@ def _generate_settings(
 def _sample_rounds(
     sampler,
     params,
-    source: PromptSource,
-    step: int,
+    prompts: StepPrompts,
     sizes: int | np.ndarray,
     key: jax.Array,
     *,
@@ -277,29 +298,32 @@ def _sample_rounds(
     num_prompts: int,
     **settings,
 ) -> tuple[Rollouts, list[Rollouts]]:
-    """The first round; with ``loss.dynamic_sampling``, the informative groups (rewards not all
-    equal) of up to ``source.rounds_per_step`` rounds, until every process has its share of
-    groups, filled up with the first round's zero-advantage groups to keep the shape.
+    """The first round; with ``loss.dynamic_sampling``, the informative groups (shaped rewards
+    not all equal) of up to ``source.rounds_per_step`` rounds, until every process has its share
+    of groups, filled up with the first round's zero-advantage groups to keep the shape.
     ``settings``: :func:`generate`'s keyword arguments."""
+    source = prompts.source
     local_prompts = num_prompts // jax.process_count()  # this process's groups
     rounds = []
     kept: list[Rollouts] = []
     kept_groups = 0
     for round_ in range(source.rounds_per_step):
-        prompts = source.batch(step, round_, num_prompts)
+        round_prompts, encoded = prompts.round(round_, num_prompts)
         r = generate(
             sampler,
             params,
             source,
-            prompts,
+            round_prompts,
             sizes,
             jax.random.fold_in(key, round_),
+            encoded=encoded,
             **settings,
         )
+        r = with_shaped_rewards(r, cfg)
         rounds.append(r)
         if not cfg.loss.dynamic_sampling:
             return r, rounds
-        informative = np.flatnonzero(informative_groups(shaped_rewards(r, cfg).reshape(-1, sizes)))
+        informative = np.flatnonzero(informative_groups(r.shaped.reshape(-1, sizes)))
         take = informative[: local_prompts - kept_groups]
         if len(take):
             kept.append(r.select_groups(take))
@@ -311,7 +335,7 @@ def _sample_rounds(
         first = rounds[0]
         spare = np.setdiff1d(
             np.arange(local_prompts),
-            np.flatnonzero(informative_groups(shaped_rewards(first, cfg).reshape(-1, sizes))),
+            np.flatnonzero(informative_groups(first.shaped.reshape(-1, sizes))),
         )
         kept.append(first.select_groups(spare[: local_prompts - kept_groups]))
     return Rollouts.concat(kept), rounds
