@@ -1,7 +1,8 @@
 """The decode loop of `Sampler`, as functions over an explicit state: the KV cache and a `Run`
 (the rows in the slots, `Slots`, and the outputs by rollout), each function taking a static
 `Context` first and the call's arrays (`Inputs`) next. ``schedule`` states the order of events
-these functions follow; ``sampler`` jits `decode`'s caller and checks the arguments.
+these functions follow; `Sampler` (``sampler``) checks a call's arguments and jits the program
+that runs `prefill`, `first_start` and `decode`.
 
 - `prefill`: one prefill per prompt, and the tables of the ``keep_groups`` exit test.
 - `first_start`: every slot takes its first rollout (`start`), free slots refill (`refill`).
@@ -144,7 +145,7 @@ def constrain(plan: ShardingPlan | None, cache: KVCache) -> KVCache:
     return jax.lax.with_sharding_constraint(cache, plan.cache(cache))
 
 
-def empty_cache(config: DecoderConfig, plan: ShardingPlan | None, rows: int, slots: int):
+def empty_cache(config: DecoderConfig, plan: ShardingPlan | None, rows: int, slots: int) -> KVCache:
     """A zero cache of ``slots`` slots for ``rows`` rows with a per-row write index, split as
     the plan says."""
     cache = init_cache(config, rows, slots)

@@ -248,7 +248,10 @@ def test_gather_takes_the_running_rows_in_slot_order(tiny):
 
 def _decoded(tiny, ctx, index_r):
     """The run `decode` ends with from `first_start`, temperature 1."""
-    program = lambda inputs: decode.decode(ctx, inputs, *decode.first_start(ctx, inputs))  # noqa: E731
+
+    def program(inputs):
+        return decode.decode(ctx, inputs, *decode.first_start(ctx, inputs))
+
     return _run(tiny, ctx, program, index_r, temperature=1.0, seed=3)
 
 
