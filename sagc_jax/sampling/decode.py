@@ -101,6 +101,7 @@ class Inputs(NamedTuple):
     temperature: jax.Array  # float32 []
     top_p: jax.Array  # float32 []
     top_k: jax.Array  # int32 []
+    eos_e: jax.Array  # int32 [E]: the end tokens (one array: every loop that reads it, once)
     size_g: jax.Array  # int32 [P]: each prompt's rollouts (its group)
     part_g: jax.Array  # int32 [P]: the process whose prompt it is
     quota: jax.Array  # int32 [parts]: whole groups each part needs for the exit test
@@ -240,16 +241,16 @@ def prefill(
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
+        eos_e=jnp.asarray(ctx.eos_ids, jnp.int32).reshape(-1),
         size_g=size_g,
         part_g=part_g,
         quota=quota,
     )
 
 
-def is_eos(ctx: Context, token_b) -> jax.Array:
+def is_eos(inputs: Inputs, token_b) -> jax.Array:
     """bool [B]: the tokens that end their rows."""
-    eos_e = jnp.asarray(ctx.eos_ids, jnp.int32).reshape(-1)
-    return jnp.any(token_b[:, None] == eos_e[None, :], axis=-1)
+    return jnp.any(token_b[:, None] == inputs.eos_e[None, :], axis=-1)
 
 
 def draw(inputs: Inputs, logits_bv, rollout_b, age_b):
@@ -364,7 +365,7 @@ def start(
             index=cache.index,
         ),
     )
-    ended_j = is_eos(ctx, token_j)
+    ended_j = is_eos(inputs, token_j)
     first_l = jnp.arange(ctx.length) == 0
     new = Slots(
         rollout_s=rollout_j,
@@ -460,7 +461,7 @@ def iterate(
     token_b, logprob_b = draw(inputs, logits_b1v[:, 0], slots.rollout_s, slots.age_s)
     live_b = slots.live_s
     write_bl = live_b[:, None] & (jnp.arange(length)[None, :] == slots.age_s[:, None])
-    eos_b = is_eos(ctx, token_b)
+    eos_b = is_eos(inputs, token_b)
     slots = Slots(
         rollout_s=slots.rollout_s,
         age_s=slots.age_s + live_b.astype(jnp.int32),
