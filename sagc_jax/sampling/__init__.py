@@ -1,5 +1,6 @@
 """Generation: left-padded prompt buckets, one prefill per prompt, decode over slots whose rows
-leave the batch when they finish (see ``sampler`` and ``schedule``), sampling functions.
+leave the batch when they finish (see ``sampler``, its loop in ``decode`` and its order of events
+in ``schedule``), sampling functions.
 
 The names below load their module on first use, so that the step-time model (``sim``, numpy
 only) can import ``sagc_jax.sampling.schedule`` without importing jax.
