@@ -178,7 +178,7 @@ def test_one_device_reproduces_the_golden_outputs():
     assert_matches(run_configs(1, want["eos_ids"]), want)
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_two_host_devices_reproduce_the_golden_outputs(tmp_path):
     from helpers import PYTHONPATH
 
