@@ -156,8 +156,9 @@ class PeerWatch:
 
     The client's calls fail with ``JaxRuntimeError`` when the coordination service is gone or
     refuses them: the watch handles those. When process 0 stalls (stopped, swapping, a hung
-    host) its service neither answers nor fails, and the call blocks: a second thread (the
-    guard) ends this process once one exchange has been in flight for ``timeout_s``. Any other
+    host) its service neither answers nor fails, and the call blocks, or its calls fail only
+    after a while: a second thread (the guard) ends this process once no exchange has been
+    answered for ``timeout_s``, counted from the start of the first unanswered one. Any other
     error is not its to judge: it says so in one line on stderr (what it could not do, the
     error, what follows) and goes on ending.
     """
@@ -184,7 +185,7 @@ class PeerWatch:
         self._guard = threading.Thread(
             target=self._guard_run, name="sagc-jax-peer-guard", daemon=True
         )
-        self._asking_since: float | None = None  # when the exchange in flight began
+        self._silent_since: float | None = None  # when the first unanswered exchange began
 
     def start(self) -> PeerWatch:
         self._exchange(0)
@@ -212,19 +213,19 @@ class PeerWatch:
                     self._seen[peer] = (values.get(peer), now)
 
     def _run(self) -> None:
-        beat, unanswered_since = 0, None
+        beat = 0
         while not self._stop.wait(self.interval_s):
             beat += 1
-            self._asking_since = self.clock()
+            if self._silent_since is None:  # counts from the first exchange not answered
+                self._silent_since = self.clock()
             try:
                 self._exchange(beat)
-                unanswered_since = None
+                self._silent_since = None
             except JaxRuntimeError:  # the coordination service does not answer (process 0 gone)
-                unanswered_since = unanswered_since or self.clock()
-                if self.clock() - unanswered_since > self.timeout_s:
-                    self._lost(self._coordinator_silent("stopped answering"), shutdown=False)
+                self._check_coordinator()
                 continue
             except Exception as err:
+                self._silent_since = None  # not the coordinator's silence: the guard stays quiet
                 self._unexpected(
                     "exchange beats",
                     err,
@@ -232,19 +233,24 @@ class PeerWatch:
                     f"within --peer-timeout ({self.timeout_s:g} s), naming this one",
                 )
                 return
-            finally:
-                self._asking_since = None
             if (verdict := self._verdict(grace=True)) is not None:
                 self._lost(*verdict)
 
     def _guard_run(self) -> None:
-        """End this process when one exchange has hung for ``timeout_s`` (a stalled process 0:
-        its service holds the call open; leaving an end mark would hang the same way)."""
+        """End this process when the coordination service has not answered for ``timeout_s``
+        while an exchange hangs (a stalled process 0: its service holds the call open)."""
         while not self._stop.wait(self.interval_s):
-            since = self._asking_since
-            if since is not None and self.clock() - since > self.timeout_s:
-                what = self._coordinator_silent("stopped answering")
-                self._lost(what, shutdown=False, mark=False)
+            self._check_coordinator()
+
+    def _check_coordinator(self) -> None:
+        """End this process once no exchange has been answered for ``timeout_s``, counted from
+        the start of the first unanswered one, whether its calls fail (the service is gone or
+        refuses them) or hang (a stalled process 0), or both in turn: calls that fail after a
+        while must not stretch the wait past the runtime's own heartbeat timeout. No end mark
+        is left: the service that holds the marks is what stopped answering."""
+        since = self._silent_since
+        if since is not None and self.clock() - since > self.timeout_s:
+            self._lost(self._coordinator_silent("stopped answering"), shutdown=False, mark=False)
 
     def _verdict(self, grace: bool) -> tuple[str, bool, bool] | None:
         """(what happened to the first process that died, stopped or failed; whether it takes
@@ -277,9 +283,9 @@ class PeerWatch:
     def _lost(self, what: str, shutdown: bool, mark: bool = True) -> None:
         """Print the one line and exit; ``shutdown``: through jax.distributed's shutdown;
         ``mark``: leave the LOST mark first (not when the service hangs)."""
-        if self._stop.is_set() and threading.current_thread() is not threading.main_thread():
-            return  # this process is finishing: it no longer speaks for the run
         with self._exit_lock:  # one line, from whichever thread comes first
+            if self._stop.is_set() and threading.current_thread() is not threading.main_thread():
+                return  # this process is finishing: it no longer speaks for the run
             try:
                 line = self.report(what)
             except Exception as err:  # the line must come out whatever the hook does

@@ -229,6 +229,51 @@ def test_the_watch_ends_this_process_when_the_coordinator_hangs(monkeypatch, cap
     _join(watch._thread)
 
 
+class _SlowlyFailingStore(_Store):
+    """A store whose writes, once ``fail`` is set, fail only after ``seconds`` of the watch's
+    clock (the RPC deadline of a stalled process 0's service)."""
+
+    def __init__(self, clock: _Clock, seconds: float):
+        super().__init__()
+        self.clock, self.seconds = clock, seconds
+        self.fail = threading.Event()
+
+    def key_value_set(self, key, value, allow_overwrite=False):
+        if self.fail.is_set():
+            self.clock.advance(self.seconds)
+            raise JaxRuntimeError("DEADLINE_EXCEEDED: coordination service did not answer")
+        super().key_value_set(key, value, allow_overwrite)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_calls_that_fail_slowly_end_the_process_within_the_timeout_of_the_first(
+    monkeypatch, capsys
+):
+    """The service's calls fail after 0.7 s each: the silence counts from the start of the
+    first unanswered call, so this process ends at the second failure (1.4 s, within one call
+    of --peer-timeout 1 s), before the runtime's own heartbeat timeout (twice --peer-timeout);
+    counting from the first failure instead ended it only at the third (2.1 s)."""
+    ended_at = []
+
+    def exit_(code):  # os._exit ends every thread; here the other one must stay quiet
+        ended_at.append(clock())
+        watch._stop.set()
+        raise SystemExit(code)
+
+    monkeypatch.setattr(os, "_exit", exit_)
+    clock = _Clock()
+    store = _SlowlyFailingStore(clock, 0.7)
+    watch = PeerWatch(store, 1, 2, 1.0, lambda what: f"train: {what}; saved", clock).start()
+    store.fail.set()
+    _join(watch._thread)
+    assert ended_at == [pytest.approx(1.4)]
+    assert capsys.readouterr().err == (
+        "train: process 0 of 2 (the jax.distributed coordinator) stopped answering (1 s, "
+        "--peer-timeout); saved\n"
+    )
+    assert "LOST" not in store.values.values()  # no end mark tried: the service is what failed
+
+
 # ---------------------------------------------------------------------- two real processes
 
 
