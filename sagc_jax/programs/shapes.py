@@ -89,10 +89,6 @@ class RunShape:
         t = self.cfg.train
         return row_multiple(t.minibatches, t.microbatches, self.batch_shards, self.processes)
 
-    def prompts(self, group_size: int) -> int:
-        """Prompts a step samples at ``group_size`` (every process's)."""
-        return prompts_for(self.cfg, group_size)
-
     @property
     def rollouts(self) -> dict[str, tuple[int, int]]:
         """``rollout_shapes`` of the run: (rollouts, prompts) of each sampler program."""
