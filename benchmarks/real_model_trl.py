@@ -204,7 +204,7 @@ def child_sagc(args) -> dict:
             trainer.compile_ahead(log=lambda line: print(f"sagc-jax {line}", flush=True))
             compile_s = time.perf_counter() - t0
             for _ in range(args.warmup + args.steps):
-                record = trainer.record(trainer.train_step())  # advances trainer.step
+                record = trainer.log(trainer.train_step()).metrics  # advances trainer.step
                 trainer.writer.write(trainer.step, record, trainer.controller.candidates)
         finally:
             trainer.close()

@@ -26,7 +26,7 @@ from sagc_jax.parallel import any_process
 
 if TYPE_CHECKING:
     from sagc_jax.config import TrainConfig
-    from sagc_jax.train.metrics import StepResult
+    from sagc_jax.train.metrics import StepCounts, StepResult
     from sagc_jax.train.safety.faults import StopRequest
     from sagc_jax.train.safety.run_state import RunState
 
@@ -107,11 +107,13 @@ class ProgressBar:
 
 @dataclasses.dataclass(frozen=True)
 class StepLog:
-    """A GRPO step as its hooks see it: what it produced (``result``: the safety hooks read its
-    typed fields, so renaming a metric cannot silently turn one off) and its log line
-    (``metrics``, one JSONL line; the evaluation adds to it)."""
+    """A GRPO step as its hooks see it: what it produced (``result``, this process's) and its
+    counts over every process (``counts``): the safety hooks read these typed fields, so
+    renaming a metric cannot silently turn one off; and its log line (``metrics``, one JSONL
+    line; the evaluation adds to it)."""
 
     result: StepResult
+    counts: StepCounts
     metrics: dict[str, Any]
 
 
@@ -181,7 +183,7 @@ class RewardStallNotice:
         self.said = False
 
     def __call__(self, step: int, log: StepLog) -> None:
-        if self.said or not log.metrics["reward_batch_timeouts"]:  # every process's count
+        if self.said or not log.counts.reward_batch_timeouts:
             return
         self.said = True
         self.report(

@@ -51,7 +51,14 @@ from sagc_jax.train.hooks import (
     StepLog,
 )
 from sagc_jax.train.lora_base import base_identity
-from sagc_jax.train.metrics import MetricsWriter, StepResult, read_metrics, step_record, summarize
+from sagc_jax.train.metrics import (
+    MetricsWriter,
+    StepResult,
+    read_metrics,
+    step_counts,
+    step_record,
+    summarize,
+)
 from sagc_jax.train.rollout import StepPrompts, sample_step
 from sagc_jax.train.safety.faults import StopRequest, crash_point, phase, resume_hint
 from sagc_jax.train.safety.preflight import check_device_memory, check_free_space, rollout_slots
@@ -101,14 +108,11 @@ class Trainer:
         check_batch_shapes(
             cfg, self.controller.candidates, self.plan.batch_shards, jax.process_count()
         )
+        slots = rollout_slots(resolved, self._say)
         if cfg.train.memory_check:
-            check_device_memory(resolved)
+            check_device_memory(resolved, slots)
         self.shape = RunShape(
-            resolved,
-            self.controller.candidates,
-            jax.process_count(),
-            self.plan.batch_shards,
-            slots=rollout_slots(resolved, self._say),
+            resolved, self.controller.candidates, jax.process_count(), self.plan.batch_shards, slots
         )
         policy = build_sharded_policy(cfg, self.tokenizer, cfg.train.seed, self.plan)
         if cfg.train.init_checkpoint:
@@ -295,20 +299,23 @@ class Trainer:
         self.state, upd = self.programs.update(self.state, update_batch, key)
         return {**{k: float(v) for k, v in jax.device_get(upd).items()}, "no_signal": 0.0}
 
-    def _log(self, result: StepResult) -> StepLog:
-        """The step as its hooks see it: its result and its metrics line."""
-        return StepLog(result, self.record(result))
-
-    def record(self, result: StepResult) -> dict[str, Any]:
-        """The step's metrics line (``metrics.step_record``; a collective: every process calls
-        it)."""
+    def log(self, result: StepResult) -> StepLog:
+        """The step as its hooks see it: its result, its counts over every process and its
+        metrics line (``metrics.step_record``; collectives: every process calls this)."""
+        counts = step_counts(result)
         compiles = {
             "sampler": self.sampler.num_traces,
             "update": self.programs.compiled_programs()["update"],
         }
-        return step_record(
-            result, self.controller, self.tail, epochs=self.cfg.train.epochs, compiles=compiles
+        record = step_record(
+            result,
+            counts,
+            self.controller,
+            self.tail,
+            epochs=self.cfg.train.epochs,
+            compiles=compiles,
         )
+        return StepLog(result, counts, record)
 
     # ------------------------------------------------------------------ evaluation
 
@@ -347,7 +354,7 @@ class Trainer:
         try:
             with StopRequest() as stop:
                 hooks = self._hooks(stop, bar)
-                hooks.run(self.step, lambda _: self._log(self.train_step()))  # advances step
+                hooks.run(self.step, lambda _: self.log(self.train_step()))  # advances step
         finally:
             if bar is not None:
                 bar.close()

@@ -48,8 +48,34 @@ class StepResult:
         return self.update["skipped"] > 0
 
 
+@dataclasses.dataclass(frozen=True)
+class StepCounts:
+    """A step's counts over every process (``step_counts``): reward faults and tokens."""
+
+    reward_failed_rows: int  # rows whose reward raised or returned no number
+    reward_timeouts: int  # rows whose reward ran past data.reward_timeout_s
+    reward_batch_timeouts: int  # calls on a whole batch past the limit, then scored row by row
+    prompt_tokens: int  # real prompt tokens of the update batch
+    trained_tokens: int  # real completion tokens of the update batch
+
+
+def step_counts(result: StepResult) -> StepCounts:
+    """``result``'s counts summed over every process (a collective: every process calls it)."""
+    from sagc_jax.parallel import gather_rows  # here: reading metrics back stays free of jax
+
+    local = [
+        sum(len(r.failed_rows) for r in result.rounds),
+        sum(len(r.timed_out_rows) for r in result.rounds),
+        sum(r.batch_timeouts for r in result.rounds),
+        int(result.batch.prompt_lens.sum()),
+        int(result.batch.lengths.sum()),
+    ]
+    return StepCounts(*(int(n) for n in gather_rows(np.array([local])).sum(axis=0)))
+
+
 def step_record(
     result: StepResult,
+    counts: StepCounts,
     controller: GroupController,
     tail: TailBatcher | None,
     *,
@@ -67,19 +93,6 @@ def step_record(
     lengths = obs.lengths_b  # every process's, every round
     all_rounds = Rollouts.concat(result.rounds)
     rewards = gather_rows(result.rewards)
-    local_counts = np.array(
-        [
-            [
-                sum(len(r.failed_rows) for r in result.rounds),
-                sum(len(r.timed_out_rows) for r in result.rounds),
-                sum(r.batch_timeouts for r in result.rounds),
-                int(batch.prompt_lens.sum()),
-                int(batch.lengths.sum()),
-            ]
-        ]
-    )
-    counts = gather_rows(local_counts).sum(axis=0)
-    failed, timed_out, batch_timeouts, prompt_tokens, trained_tokens = counts
     t_rollout = clock["sampled"] - clock["start"]
     t_update = clock["updated"] - clock["packed"]
     total = clock["end"] - clock["start"]
@@ -94,15 +107,15 @@ def step_record(
         "length/max": int(lengths.max()),
         "length/min": int(lengths.min()),
         "length/median": float(np.median(lengths)),
-        "length/trained_mean": float(trained_tokens) / len(rewards),
+        "length/trained_mean": counts.trained_tokens / len(rewards),
         "truncated_frac": float(gather_rows(all_rounds.truncated).mean()),
         "group_size": g if np.ndim(g) == 0 else float(sizes_p.mean()),
         "prompts": len(sizes_p),
         "rounds": len(result.rounds),
         "zero_variance_frac": float(np.mean(gather_rows(result.zero_variance_p))),
-        "reward_failed_rows": int(failed),
-        "reward_timeouts": int(timed_out),
-        "reward_batch_timeouts": int(batch_timeouts),
+        "reward_failed_rows": counts.reward_failed_rows,
+        "reward_timeouts": counts.reward_timeouts,
+        "reward_batch_timeouts": counts.reward_batch_timeouts,
         "controller/lambda": ctrl.get("lambda", 0.0),
         "controller/s_t": ctrl["s_t"],
         "controller/straggler_rate": ctrl["straggler_rate"],
@@ -118,7 +131,7 @@ def step_record(
         "throughput/rollout_tokens_per_s": generated / max(t_rollout, 1e-9),
         "throughput/tokens_per_s": generated / max(total, 1e-9),
         # real prompt + completion tokens of the update batch, per second of update
-        "throughput/update_tokens_per_s": (prompt_tokens + trained_tokens)
+        "throughput/update_tokens_per_s": (counts.prompt_tokens + counts.trained_tokens)
         * epochs
         / max(t_update, 1e-9),
         **{f"compiles/{kind}": count for kind, count in compiles.items()},
@@ -128,7 +141,7 @@ def step_record(
         "lengths": [  # group by group, every round
             group.tolist() for group in np.split(lengths, np.cumsum(obs.sizes_p)[:-1])
         ],
-        "prompt_tokens": int(prompt_tokens) // len(rewards),
+        "prompt_tokens": counts.prompt_tokens // len(rewards),
     }
     if np.ndim(g):
         record["group_sizes"] = sizes_p

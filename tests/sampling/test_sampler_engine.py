@@ -190,7 +190,7 @@ def test_without_end_tokens_every_engine_runs_the_free_run_to_the_cap(engine, se
 
 
 @pytest.mark.parametrize(
-    "setting, keep", zip([REFERENCE, *ENGINES], [1, 2, 1, 2], strict=True), ids=str
+    "setting, keep", list(zip([REFERENCE, *ENGINES], [1, 2, 1, 2], strict=True)), ids=str
 )
 def test_keep_groups_stops_once_enough_whole_groups_are_done(engine, setting, keep):
     """With keep_groups (tail batching) the program stops at the iteration `schedule.group_stop`

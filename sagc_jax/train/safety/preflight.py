@@ -49,13 +49,14 @@ def ladder_key(cfg: Config) -> str:
     return "controller.group_size" if kind == "fixed" else "controller.candidates"
 
 
-def check_device_memory(cfg: Config) -> None:
-    """ConfigError when plan's per-device estimate for the largest candidate G exceeds the
-    memory of one device (``cfg``'s prompt buckets must be concrete)."""
+def check_device_memory(cfg: Config, slots: int) -> None:
+    """ConfigError when plan's per-device estimate for the largest candidate G, ``slots`` rows
+    decoding at once (`rollout_slots`), exceeds the memory of one device (``cfg``'s prompt
+    buckets must be concrete)."""
     from sagc_jax.planning.plan import memory_plan
 
     available, what = device_memory()
-    plan = memory_plan(cfg, jax.device_count(), available)
+    plan = memory_plan(cfg, jax.device_count(), available, slots=slots)
     if plan.per_device <= available:
         return
     biggest = max(plan.items, key=lambda item: item.per_device)

@@ -12,6 +12,7 @@ from helpers import RAW_ROWS, TINY, sets, write_word_tokenizer
 from sagc_jax.cli import main
 from sagc_jax.tasks import RewardError, TimeLimitedReward, resolve_reward, score_batch
 from sagc_jax.train.hooks import RewardStallNotice, StepLog
+from sagc_jax.train.metrics import StepCounts
 
 # --------------------------------------------------------------------------- damaged files
 
@@ -257,7 +258,8 @@ def test_the_reward_stall_notice_speaks_once_per_run():
     lines = []
     notice = RewardStallNotice("mod:fn", 3.0, lines.append)
     for step, count in enumerate([0, 2, 1, 0, 1], 1):
-        notice(step, StepLog(None, {"reward_batch_timeouts": count}))
+        counts = StepCounts(0, 0, count, 0, 0)
+        notice(step, StepLog(None, counts, {}))  # the notice reads the typed counts only
     assert lines == [
         "step 2: reward mod:fn ran past data.reward_timeout_s = 3 s on a whole batch, then "
         "scored its rows one by one; each such batch costs up to twice the limit; counted in "
