@@ -29,7 +29,8 @@ Workloads (`--workload`):
 
   * sagc_jax: its trainer's paths, as `Trainer.train_step` uses them: `Sampler` (each prompt
     prefilled once, its rows leaving the batch as they finish: `sampling.row_buckets`) -> rewards ->
-    `group_advantages`, `completion_mask` -> the update batch -> `PolicyPrograms.update`; the step
+    `group_advantages`, `completion_mask` -> the update batch -> the update of the run's state and
+    programs as `programs.state.build_run` builds them for the trainer; the step
     ends with `jax.device_get` of the update metrics, so the timed work has finished. Log-probs
     for the ratio come from the sampler. With `--packing` (default, as `train.packing: true`) the
     update runs on the rollouts' real tokens packed into rows of prompt + max-new-tokens
@@ -288,44 +289,44 @@ def run_sagc(jax_model, cfg, prompts_pt, args) -> tuple[Timing, float]:
     import numpy as np
     from flax import nnx
 
-    from sagc_jax.config import MeshConfig
+    from sagc_jax.config import load_config
     from sagc_jax.parallel import ShardingPlan
-    from sagc_jax.programs.optim import make_optimizer
-    from sagc_jax.programs.state import PolicyState
-    from sagc_jax.programs.update import PolicyPrograms, StateShardings, UpdateSettings
+    from sagc_jax.programs.policy import Policy
+    from sagc_jax.programs.state import build_run
     from sagc_jax.rl import completion_mask, group_advantages
     from sagc_jax.sampling.sampler import Sampler
 
     new_tokens, prompts, group = args.max_new_tokens, args.prompts, args.group
     eos_ids = () if args.workload == "forced" else (EOS,)
-    graphdef, params = nnx.split(jax_model)
-    tx = make_optimizer(LEARNING_RATE, total_steps=100)
-    opt_state = tx.init(params)
-    plan, batch_shards = None, 1
-    if args.mesh_data > 1:
-        plan = ShardingPlan.from_config(MeshConfig(data=args.mesh_data, fsdp=1, tensor=1))
-        batch_shards = plan.batch_shards
-        param_sh = plan.params(params)
-        opt_sh = plan.opt_state(tx, opt_state, param_sh)
-        params, opt_state = jax.device_put((params, opt_state), (param_sh, opt_sh))
-        programs = PolicyPrograms(graphdef, tx, plan, StateShardings(param_sh, opt_sh))
-        sampler = Sampler(
-            graphdef, cfg, eos_ids=eos_ids, pad_id=PAD, plan=plan, state_shardings=param_sh
-        )
-    else:
-        programs = PolicyPrograms(graphdef, tx)
-        sampler = Sampler(graphdef, cfg, eos_ids=eos_ids, pad_id=PAD)
-    settings = UpdateSettings(
-        aggregation="seq_mean",
-        eps_low=EPS,
-        eps_high=EPS,
-        kl_beta=0.0,
-        temperature=1.0,
-        max_new_tokens=new_tokens,
+    # the run's state and update programs as the trainer builds them (`programs.state.build_run`)
+    # from the settings above; the update computes a microbatch's logits at once, as TRL does
+    run_cfg = load_config(
+        None,
+        [
+            f"mesh.data={args.mesh_data}",
+            "model.param_dtype=float32",
+            f"train.learning_rate={LEARNING_RATE}",
+            "train.lr_schedule=constant",
+            "train.steps=100",
+            "loss.algorithm=grpo",
+            f"loss.eps_low={EPS}",
+            f"loss.eps_high={EPS}",
+            "loss.kl_beta=0",
+            "loss.logprob_chunk=0",
+            "sampling.temperature=1.0",
+            f"sampling.max_new_tokens={new_tokens}",
+        ],
     )
-
-    def state() -> PolicyState:
-        return PolicyState(params, opt_state)
+    plan = ShardingPlan.from_config(run_cfg.mesh, jax.devices()[: args.mesh_data])
+    batch_shards = plan.batch_shards
+    graphdef, params = nnx.split(jax_model)
+    shardings = plan.params(params)
+    policy = Policy(graphdef, jax.device_put(params, shardings), cfg, shardings)
+    run, run_state = build_run(run_cfg, plan, policy)
+    sampler = Sampler(
+        graphdef, cfg, eos_ids=eos_ids, pad_id=PAD, plan=plan, state_shardings=shardings
+    )
+    settings = run.settings
 
     # Row r belongs to group r // G, as in `train.rollout.generate`.
     prompt_ids = np.repeat(np.asarray(prompts_pt, np.int32), group, axis=0)
@@ -373,19 +374,21 @@ def run_sagc(jax_model, cfg, prompts_pt, args) -> tuple[Timing, float]:
         )
 
     start = time.perf_counter()
-    sampler.compile(params, len(prompt_ids), PROMPT_LEN, max_new_tokens=new_tokens, prompts=prompts)
+    sampler.compile(
+        run_state.params, len(prompt_ids), PROMPT_LEN, max_new_tokens=new_tokens, prompts=prompts
+    )
     compile_s = time.perf_counter() - start
     update_shapes: set = set()
     rollout_s: list[float] = []
 
     def step(i) -> tuple[float, np.ndarray]:
         """(seconds, completion lengths [B]) of step i, compiling excluded."""
-        nonlocal params, opt_state, compile_s
+        nonlocal run_state, compile_s
         t0 = time.perf_counter()
         key = jax.random.fold_in(root_key, i)
         rollout_key, update_key = jax.random.split(key)
         out = sampler(  # each prompt once: its G rollouts share one prefill
-            params,
+            run_state.params,
             np.asarray(prompts_pt, np.int32),
             prompt_lens[::group],
             rollout_key,
@@ -410,11 +413,11 @@ def run_sagc(jax_model, cfg, prompts_pt, args) -> tuple[Timing, float]:
         paused = 0.0
         if shape not in update_shapes:  # a new packed row count: compile it outside the step
             t1 = time.perf_counter()
-            programs.lower_update(state(), batch, update_key, settings).compile()
+            run.compile_update(run_state, batch, update_key)
             paused = time.perf_counter() - t1
             compile_s += paused
             update_shapes.add(shape)
-        params, opt_state, upd = programs.update(state(), batch, update_key, settings)
+        run_state, upd = run.update(run_state, batch, update_key)
         upd = jax.device_get(upd)
         if args.workload == "forced":
             assert int(lengths.min()) == new_tokens, lengths
@@ -431,7 +434,7 @@ def run_sagc(jax_model, cfg, prompts_pt, args) -> tuple[Timing, float]:
         timing.lengths.extend(lengths.tolist())
     # every program was compiled ahead of its first call: one sampler, one update per shape
     assert sampler.compiled_programs() == 1, sampler.compiled_programs()
-    assert programs.compiled_programs()["update"] == len(update_shapes), update_shapes
+    assert run.compiled_programs()["update"] == len(update_shapes), update_shapes
     layout = "packed rows" if args.packing else "padded rows"
     shapes = ", ".join(f"{r}x{t}" for r, t in sorted(update_shapes))
     print(f"sagc-jax rollout part of each timed step (s): {_fmt(rollout_s[args.warmup :])}")
