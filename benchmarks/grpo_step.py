@@ -86,12 +86,6 @@ DEFAULT_NEW_TOKENS = {"forced": 128, "long-tail": 512}
 BIAS_DIM, BIAS_VALUE = 0, 2.0
 
 
-def _packing_available() -> bool:
-    from sagc_jax.config import TrainConfig
-
-    return "packing" in {f.name for f in dataclasses.fields(TrainConfig)}
-
-
 def _parse():
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -122,9 +116,8 @@ def _parse():
     parser.add_argument(
         "--packing",
         action=argparse.BooleanOptionalAction,
-        default=None,
-        help="sagc-jax updates on packed rows (train.packing); default: on where the trainer "
-        "has it",
+        default=True,
+        help="sagc-jax updates on packed rows (train.packing; default: on)",
     )
     parser.add_argument("--steps", type=int, default=3, help="timed steps per system")
     parser.add_argument("--warmup", type=int, default=1, help="untimed first steps per system")
@@ -153,10 +146,6 @@ def _parse():
             f"--mean-length {args.mean_length} must lie between 1 and --max-new-tokens "
             f"{args.max_new_tokens}"
         )
-    available = _packing_available()
-    if args.packing and not available:
-        parser.error("--packing: this checkout of sagc_jax has no train.packing")
-    args.packing = available if args.packing is None else args.packing
     return args
 
 
