@@ -329,11 +329,12 @@ def run_programs(cfg: Config, target: Target, shapes: str = "largest") -> list[P
     if t.eval_every:
         shards = plan.batch_shards
         rows = t.eval_size + (-t.eval_size % shards)
-        eval_sampler = sampler(0)
+        eval_sampler = sampler(shape.eval_slots)  # as the trainer's
         lower = on_target(
             eval_sampler.lower, decoded, rows, buckets[-1], max_new_tokens=new, prompts=rows
         )
-        detail = f"{rows} held-out prompts, greedy, {buckets[-1]} + {new} tokens"
+        slots = eval_sampler.slots_for(rows)
+        detail = f"{rows} held-out prompts, greedy, {buckets[-1]} + {new} tokens, {slots} at once"
         out.append(Program("eval sampler", detail, lower, beside_sampler, None, None))
     return _unique(out)
 

@@ -28,7 +28,12 @@ from sagc_jax.models.lora import LoRAParam
 from sagc_jax.parallel import BATCH_AXES, MESH_AXES, RULES, mesh_shape
 from sagc_jax.programs.packing import resolve_pack_len
 from sagc_jax.programs.policy import adapted_architecture, preset_architecture, run_settings
-from sagc_jax.programs.shapes import make_trainer_optimizer, prompts_for, update_settings
+from sagc_jax.programs.shapes import (
+    decode_rows,
+    make_trainer_optimizer,
+    prompts_for,
+    update_settings,
+)
 from sagc_jax.programs.update import batch_spec, packed_batch_spec, packed_rows_loss, rows_loss
 from sagc_jax.rl.logprobs import chunk_positions
 from sagc_jax.sampling.schedule import row_rungs
@@ -240,12 +245,12 @@ def memory_plan(
         items.append(Item("decode weights", detail, d_dev, d_total))
 
     g = group_size or max(make_controller(cfg.controller).candidates)
-    rows = prompts_for(cfg, g) * g
     if slots is None:
         slots = cfg.sampling.slots
         if slots == "auto":
             slots = auto_slots(cfg, num_devices, device_bytes) if device_bytes else 0
-    decoded = min(slots or rows, rows)
+    rows = prompts_for(cfg, g) * g
+    decoded = decode_rows(cfg, g, slots)
     width = max(cfg.sampling.prompt_buckets) + cfg.sampling.max_new_tokens
     cd = arch.compute_jnp_dtype
     cache = jax.ShapeDtypeStruct((decoded, arch.num_kv_heads, arch.head_dim, width), cd)

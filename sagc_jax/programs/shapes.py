@@ -23,6 +23,13 @@ def prompts_for(cfg: Config, group_size: int) -> int:
     return cfg.train.rollout_budget // group_size
 
 
+def decode_rows(cfg: Config, group_size: int, slots: int) -> int:
+    """Rows whose KV cache a step of G = ``group_size`` holds at once: ``slots`` (resolved;
+    0: every rollout), at most the step's rollouts."""
+    rows = prompts_for(cfg, group_size) * group_size
+    return min(slots or rows, rows)
+
+
 def per_prompt_budget(cfg: Config) -> int:
     """The fixed rollout rows of a hybrid ``per_prompt`` step (0: none, the rows are P x G)."""
     c = cfg.controller
@@ -88,6 +95,12 @@ class RunShape:
         x its share of the batch shards)."""
         t = self.cfg.train
         return row_multiple(t.minibatches, t.microbatches, self.batch_shards, self.processes)
+
+    @property
+    def eval_slots(self) -> int:
+        """Rows the held-out evaluation decodes at once: the largest G's step's, which the
+        memory check counts (more held-out prompts stream through them)."""
+        return decode_rows(self.cfg, max(self.candidates), self.slots)
 
     @property
     def rollouts(self) -> dict[str, tuple[int, int]]:

@@ -130,7 +130,7 @@ class Trainer:
             sampling=cfg.sampling,
         )
         # two samplers, so that compiles/sampler counts the rollout programs only; held-out
-        # prompts decode one slot each
+        # prompts decode one slot each, through as many slots as the memory check counted
         self.sampler, self.eval_sampler = (
             policy_sampler(
                 self.programs.sampling_graphdef,
@@ -139,7 +139,7 @@ class Trainer:
                 slots=slots,
                 **on_mesh,
             )
-            for slots in (self.shape.slots, 0)
+            for slots in (self.shape.slots, self.shape.eval_slots)
         )
         self.root_key = jax.random.key(cfg.train.seed)
         self.step = 0

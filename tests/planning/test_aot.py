@@ -80,6 +80,8 @@ def test_compile_for_cpu_prints_every_program_beside_the_formula(capsys):
     out = capsys.readouterr().out
     rows = _rows(out)
     assert set(rows) == {"sampler G=2", "sampler G=4", "update G=2", "update G=4", "eval sampler"}
+    # the held-out prompts decode through the trainer's eval slots (G = 4's 8 rows): all 4
+    assert rows["eval sampler"]["shapes"] == "4 held-out prompts, greedy, 16 + 12 tokens, 4 at once"
     for name, row in rows.items():
         assert float(row["compile s"]) > 0 and float(row["peak MiB"]) > 0, name
         assert float(row["TFLOPs (compiler)"]) > 0 and row["fits"] == "yes", name

@@ -1,5 +1,6 @@
 """The trainer end to end on a tiny model: per-G compilation, exact resume, logs, commands."""
 
+import dataclasses
 import json
 import re
 
@@ -68,6 +69,26 @@ def test_a_step_without_learning_signal_runs_no_update(tmp_path):
     steps = [r for r in lines if "group_size" in r]
     assert [(r["update/no_signal"], r["update/skipped"]) for r in steps] == [(1.0, 0.0)] * 2
     assert summary["no_signal_steps"] == 2
+
+
+@pytest.mark.slow
+def test_the_evaluation_decodes_through_the_slots_the_memory_check_counts(tmp_path):
+    """More held-out prompts than a step's rollout rows stream through those rows (the memory
+    check counted their KV cache, not the held-out set's), with the same greedy figures as
+    decoding them all at once."""
+    from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
+
+    overrides = [*TINY, "train.eval_size=12", "sampling.slots=4", "logging.tensorboard=false"]
+    trainer = Trainer(load_config(None, overrides), tmp_path / "run")
+    assert trainer.shape.eval_slots == 4 == trainer.eval_sampler.slots
+    every_rollout = dataclasses.replace(trainer.shape, slots=0)
+    assert every_rollout.eval_slots == 2 * 4  # the largest G's step: 2 prompts x G = 4
+    all_at_once = policy_sampler(
+        trainer.programs.sampling_graphdef, trainer.model_config, trainer.tokenizer
+    )
+    figures = evaluate_policy(all_at_once, trainer.sampling_params(), trainer.source, trainer.cfg)
+    assert trainer.evaluate() == figures
+    trainer.close()
 
 
 @pytest.mark.slow
