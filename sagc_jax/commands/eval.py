@@ -29,7 +29,8 @@ def add_parser(subparsers) -> None:
         "listed. A Hugging Face model directory (config.json and safetensors: a base model) is "
         "evaluated with --config/--set as model.hf_checkpoint, on the task they give. Greedy by "
         "default; --samples K draws K completions per prompt at sampling.temperature and adds "
-        "pass@k.",
+        "pass@k. The completions decode through as many rows at once as a training step of the "
+        "largest G (sampling.slots), the rest streaming through them.",
     )
     add_config_args(p)
     p.add_argument(
@@ -80,7 +81,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
             params = merged_run_params(path, source.tokenizer)
         else:
             params = load_run_params(path, params, unfinished_ok=True)
-    sampler = policy_sampler(graphdef, model.config, source.tokenizer, sampling=cfg.sampling)
+    sampler = policy_sampler(
+        graphdef, model.config, source.tokenizer, sampling=cfg.sampling, slots=_eval_slots(cfg)
+    )
     with phase("the evaluation"):
         result = evaluate_policy(sampler, params, source, cfg, args.num, args.samples)
     print(f"eval {path}: " + ", ".join(f"{k}={v:.4g}" for k, v in result.items()))
@@ -100,6 +103,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
         _write_json(args.out, record)
         print(f"eval {path}: wrote {args.out}")
     return 0
+
+
+def _eval_slots(cfg) -> int:
+    """Rows decoding at once: as many as a step of the run's largest G decodes (``sampling.slots``;
+    ``auto`` taken as every rollout of that step, its upper bound), so that K samples of every
+    held-out prompt stream through no larger a KV cache than training held."""
+    from sagc_jax.controller import make_controller
+    from sagc_jax.programs.shapes import decode_rows
+
+    slots = 0 if cfg.sampling.slots == "auto" else cfg.sampling.slots
+    return decode_rows(cfg, max(make_controller(cfg.controller).candidates), slots)
 
 
 def _is_model_dir(path: Path) -> bool:

@@ -12,6 +12,7 @@ from helpers import RAW_ROWS, TINY, write_word_tokenizer
 from hf_tiny import COMMON, randomize
 
 from sagc_jax.cli import main
+from sagc_jax.config import load_config
 from sagc_jax.train.evaluate import pass_at_k
 
 
@@ -73,6 +74,16 @@ def test_eval_of_a_model_directory_greedy_and_sampled(model_dir, tmp_path, capsy
     assert sampled["eval/pass@1"] == pytest.approx(sampled["eval/accuracy"])
     assert sampled["eval/pass@1"] <= sampled["eval/pass@2"] <= sampled["eval/pass@3"]
     assert "a Hugging Face model" in capsys.readouterr().out
+
+
+def test_eval_decodes_through_the_rows_of_a_training_step_of_the_largest_g():
+    """--samples K of every held-out prompt streams through no more rows than a step decoded
+    (TINY: 2 prompts x G = 4); the sampled test above sends 3 x 3 rows through 8."""
+    from sagc_jax.commands.eval import _eval_slots
+
+    assert _eval_slots(load_config(None, TINY)) == 2 * 4
+    assert _eval_slots(load_config(None, [*TINY, "sampling.slots=4"])) == 4
+    assert _eval_slots(load_config(None, [*TINY, "sampling.slots=auto"])) == 2 * 4
 
 
 def test_eval_of_neither_a_run_nor_a_model_is_one_line(tmp_path, capsys):
