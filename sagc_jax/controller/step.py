@@ -32,7 +32,7 @@ class StepObservation:
     ``rewards_b``: float64 ``[B]`` before shaping, or None; ``prompt_ids_p``: int64 ``[P]``
     stable ids of the groups' prompts, or None. ``group_size`` (set from ``sizes_p``): the
     step's G when every group has it, None for mixed sizes. Constructing one checks every
-    field and raises ValueError naming the problem. The arrays are read-only copies: one
+    field and raises ValueError naming the problem. The arrays are read-only views: one
     observation is read by the controller and the metrics line alike.
     """
 
@@ -76,8 +76,8 @@ class StepObservation:
             object.__setattr__(self, "prompt_ids_p", ids.astype(np.int64, copy=False))
         for field in ("lengths_b", "sizes_p", "finished_b", "rewards_b", "prompt_ids_p"):
             value = getattr(self, field)
-            if value is not None:  # a read-only copy: the controller and the metrics share it
-                frozen = np.array(value)
+            if value is not None:  # read-only: the controller and the metrics share it
+                frozen = value.view()
                 frozen.flags.writeable = False
                 object.__setattr__(self, field, frozen)
 
