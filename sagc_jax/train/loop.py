@@ -130,16 +130,16 @@ class Trainer:
             sampling=cfg.sampling,
         )
         # two samplers, so that compiles/sampler counts the rollout programs only; held-out
-        # prompts decode one slot each, through as many slots as the memory check counted
+        # prompts decode one row each, through as many rows as the memory check counted
         self.sampler, self.eval_sampler = (
             policy_sampler(
                 self.programs.sampling_graphdef,
                 self.model_config,
                 self.tokenizer,
-                slots=slots,
+                slots=rows,
                 **on_mesh,
             )
-            for slots in (self.shape.slots, self.shape.eval_slots)
+            for rows in (self.shape.slots, self.shape.eval_slots)
         )
         self.root_key = jax.random.key(cfg.train.seed)
         self.step = 0
