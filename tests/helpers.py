@@ -41,6 +41,20 @@ TINY = [
 # only a real death or stop trips it; the tests assert the line, not the time it took.
 PEER_TIMEOUT_S = 15
 
+
+def dead_peer_said(process: int, of: int) -> tuple[str, ...]:
+    """What a survivor's one line may say of process ``process`` (of ``of``) that died: the peer
+    watch's words after PEER_TIMEOUT_S, or, on a host so loaded that the watch's threads ran a
+    minute late, the words of its backstop, jax.distributed's heartbeat timeout (the supervisor
+    names the process). Either way one line naming the process, the checkpoint, how to resume."""
+    return (
+        f"process {process} of {of} stopped responding (no heartbeat for {PEER_TIMEOUT_S} s, "
+        "--peer-timeout)",
+        f"process {process} of {of} stopped sending heartbeats (jax.distributed's heartbeat "
+        "timeout, the backstop of --peer-timeout)",
+    )
+
+
 # A dataset task on a file of a few rows, its prompts as written: no held-out split (the
 # evaluation reads the first training rows) and no chat template.
 RAW_ROWS = ["data.eval_split=0", "data.chat_template=false"]

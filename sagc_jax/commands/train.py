@@ -49,7 +49,8 @@ def add_parser(subparsers) -> None:
         metavar="SECONDS",
         help="a process whose heartbeat stops for this long is dead: the others stop within it "
         "(+1 s) with one line naming it and the last checkpoint, exit code 4 (default: "
-        "%(default)g; jax.distributed's own heartbeat timeout is set to twice this)",
+        "%(default)g; jax.distributed's own heartbeat timeout, the backstop, is set to this plus "
+        "the larger of this and 60 s)",
     )
     p.set_defaults(func=cmd_train)
 

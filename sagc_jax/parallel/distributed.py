@@ -13,10 +13,13 @@ Python: it throws ``std::bad_cast``). So every process also beats in the coordin
 key-value store (:class:`PeerWatch`, once a second) and checks the others' beats: a process
 whose beat has not changed for ``peer_timeout_s`` seconds is dead, and every survivor prints one
 line naming it and exits with :data:`EXIT_PEER_LOST`, within ``peer_timeout_s`` + 1 s of the
-death. The runtime's own heartbeat timeout is set to twice that, so that this watch speaks
-first; it stays as the backstop. Process 0 hosts the coordination service: when it dies, the
-others lose the service at once and the runtime ends them within a second with its own fatal
-message; nothing in jaxlib 0.10 lets Python replace that message from inside the process, so
+death. The runtime's own heartbeat timeout is set well past that (``peer_timeout_s`` plus the
+larger of itself and a minute: :func:`runtime_heartbeat_timeout`), so that this watch speaks
+first even on a loaded host; it stays as the backstop, and the supervisor names the process it
+reports.
+Process 0 hosts the coordination service: when it dies, the others lose the service at once
+and the runtime ends them within a second with its own fatal message; nothing in jaxlib 0.10
+lets Python replace that message from inside the process, so
 each process of a multi-process run trains in a child process and its parent
 (``sagc_jax.parallel.supervisor``) prints the one line instead, with the same exit code.
 """
@@ -40,6 +43,7 @@ from sagc_jax.parallel.supervisor import EXIT_PEER_LOST
 
 ENV_VARS = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
 PEER_TIMEOUT_S = 10.0  # --peer-timeout: seconds without a beat after which a process is dead
+BACKSTOP_MARGIN_S = 60.0  # the runtime's heartbeat timeout is at least this past --peer-timeout
 
 
 def initialize(
@@ -54,7 +58,8 @@ def initialize(
     TPU VMs, SLURM, Open MPI detect everything) or None. Without the flag, the environment
     variables JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID are used when set.
     peer_timeout_s: seconds without a beat after which a process counts as dead (see
-    :class:`PeerWatch`); jax.distributed's own heartbeat timeout is twice that.
+    :class:`PeerWatch`); jax.distributed's own heartbeat timeout is
+    ``runtime_heartbeat_timeout(peer_timeout_s)``.
     Must run before anything touches a device.
     """
     if not peer_timeout_s >= 1:
@@ -76,7 +81,7 @@ def initialize(
     # CPU processes talk through gloo (the default CPU collectives stay inside one process);
     # GPU and TPU collectives are unaffected by this setting.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    heartbeat = {"heartbeat_timeout_seconds": math.ceil(2 * peer_timeout_s)}
+    heartbeat = {"heartbeat_timeout_seconds": runtime_heartbeat_timeout(peer_timeout_s)}
     if coordinator == "auto":
         jax.distributed.initialize(**heartbeat)
         return jax.process_count() > 1
@@ -382,6 +387,13 @@ def watch_peers(timeout_s: float, report: Callable[[str], str]) -> PeerWatch | N
     if state.client is None or state.num_processes == 1:
         return None
     return PeerWatch(state.client, state.process_id, state.num_processes, timeout_s, report).start()
+
+
+def runtime_heartbeat_timeout(peer_timeout_s: float) -> int:
+    """jax.distributed's own heartbeat timeout, the backstop of :class:`PeerWatch`: far enough
+    past ``peer_timeout_s`` (plus the larger of itself and ``BACKSTOP_MARGIN_S``) that the
+    watch speaks first even on a host so loaded that its threads run late."""
+    return math.ceil(peer_timeout_s + max(peer_timeout_s, BACKSTOP_MARGIN_S))
 
 
 def run_rank(

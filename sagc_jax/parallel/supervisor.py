@@ -44,6 +44,10 @@ _SERVICE_ERROR = re.compile(rb"^[WEF]\d{4} .*(coordination.?service|distributed 
 _COORDINATOR_GONE = (b"Failed to send RPC to coordination service", b"leader task")
 # The coordinator is there but does not answer this process's heartbeats: process 0 stalled.
 _COORDINATOR_SILENT = re.compile(rb"DEADLINE_EXCEEDED(.|\n)*?CoordinationService/Heartbeat")
+# The service's heartbeat timeout (the backstop of the peer watch) names the silent processes, a
+# "/job:jax_worker/replica:0/task:N" line each.
+_UNHEALTHY = re.compile(rb"tasks are unhealthy \(stopped sending heartbeats\):((?:\s*/job:\S+)+)")
+_TASK = re.compile(rb"/task:(\d+)")
 _STATUS = re.compile(rb"absl::Status: ([^.\n]*)")
 
 
@@ -75,6 +79,13 @@ def what_ended(held: bytes, num_processes: int | None) -> str:
         return f"process 0{of} (the jax.distributed coordinator) disappeared"
     if _COORDINATOR_SILENT.search(held):
         return f"process 0{of} (the jax.distributed coordinator) stopped answering heartbeats"
+    if unhealthy := _UNHEALTHY.search(held):
+        tasks = ", ".join(t.decode() for t in _TASK.findall(unhealthy.group(1)))
+        who = "process" if "," not in tasks else "processes"
+        return (
+            f"{who} {tasks}{of} stopped sending heartbeats (jax.distributed's heartbeat "
+            f"timeout, the backstop of --peer-timeout)"
+        )
     status = _STATUS.search(held)
     detail = status.group(1).decode(errors="replace").strip() if status else "a fatal error"
     return f"jax.distributed's coordination service ended this process: {detail[:160]}"

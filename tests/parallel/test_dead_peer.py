@@ -11,12 +11,18 @@ import threading
 import time
 
 import pytest
-from helpers import PEER_TIMEOUT_S, PYTHONPATH, ROOT, TINY
+from helpers import PEER_TIMEOUT_S, PYTHONPATH, ROOT, TINY, dead_peer_said
 from jax.errors import JaxRuntimeError
 
 from sagc_jax.config import ConfigError
 from sagc_jax.parallel import EXIT_PEER_LOST, initialize, supervisor
-from sagc_jax.parallel.distributed import _END_MARKS, DONE, FAILED, PeerWatch
+from sagc_jax.parallel.distributed import (
+    _END_MARKS,
+    DONE,
+    FAILED,
+    PeerWatch,
+    runtime_heartbeat_timeout,
+)
 
 RUN = [
     *TINY,
@@ -251,7 +257,7 @@ def test_calls_that_fail_slowly_end_the_process_within_the_timeout_of_the_first(
 ):
     """The service's calls fail after 0.7 s each: the silence counts from the start of the
     first unanswered call, so this process ends at the second failure (1.4 s, within one call
-    of --peer-timeout 1 s), before the runtime's own heartbeat timeout (twice --peer-timeout);
+    of --peer-timeout 1 s), well before the runtime's own heartbeat timeout (its backstop);
     counting from the first failure instead ended it only at the third (2.1 s)."""
     ended_at = []
 
@@ -307,18 +313,29 @@ def _two_processes(run_dir, crash_at=None, crashing=1):
     return [p.returncode for p in procs], outs
 
 
+def test_the_runtimes_heartbeat_timeout_leaves_the_watch_a_minute_or_more():
+    # the backstop speaks only when the watch's threads run a minute (or --peer-timeout) late
+    assert runtime_heartbeat_timeout(10) == 70
+    assert runtime_heartbeat_timeout(PEER_TIMEOUT_S) == PEER_TIMEOUT_S + 60
+    assert runtime_heartbeat_timeout(100) == 200
+    assert runtime_heartbeat_timeout(1.5) == 62
+
+
 @pytest.mark.heavy
 def test_a_killed_process_stops_the_survivor_with_one_line_and_the_rerun_resumes(tmp_path):
     run_dir = tmp_path / "run"
     codes, outs = _two_processes(run_dir, crash_at="rollout:3")  # SIGKILL in step 4
     err = outs[0][1]
     assert codes == [EXIT_PEER_LOST, -signal.SIGKILL], err[-3000:]
-    assert [line for line in err.splitlines() if line.strip()] == [
-        f"train: process 1 of 2 stopped responding (no heartbeat for {PEER_TIMEOUT_S} s, "
-        "--peer-timeout); the "
-        f"last checkpoint is step 2 in {run_dir}/checkpoints; run the same command on every "
-        "process to resume"
-    ]
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert any(
+        lines
+        == [
+            f"train: {what}; the last checkpoint is step 2 in {run_dir}/checkpoints; run the "
+            "same command on every process to resume"
+        ]
+        for what in dead_peer_said(1, 2)
+    ), err[-3000:]
     assert not (run_dir / "run.lock").exists()  # released before the exit
 
     codes, outs = _two_processes(run_dir)
@@ -385,6 +402,19 @@ def test_the_supervisor_passes_output_through_and_replaces_only_the_runtimes_abo
     assert code == EXIT_PEER_LOST
     assert out.err == (
         "train: jax.distributed's coordination service ended this process: INTERNAL: boom; saved\n"
+    )
+    # the backstop: the service's heartbeat timeout names the silent process(es)
+    unhealthy = (
+        "F1205 10:30:00.2 1 client.h:77] Terminating process because the JAX distributed "
+        "service detected fatal errors. absl::Status: UNAVAILABLE: The following tasks are "
+        "unhealthy (stopped sending heartbeats):\\n/job:jax_worker/replica:0/task:1\\nThe tasks "
+        "have crashed.\\n\\nRPC: /tensorflow.CoordinationService/PollForError\\n"
+    )
+    code, out = _supervised(f"import os, sys; sys.stderr.write('{unhealthy}'); os.abort()", capfd)
+    assert code == EXIT_PEER_LOST
+    assert out.err == (
+        "train: process 1 of 2 stopped sending heartbeats (jax.distributed's heartbeat timeout, "
+        "the backstop of --peer-timeout); saved\n"
     )
     # process 0 stalled: this process's heartbeat times out and the runtime aborts at once
     stalled = (
