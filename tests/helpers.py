@@ -42,6 +42,20 @@ TINY = [
 PEER_TIMEOUT_S = 15
 
 
+def stopped_with_one_line(err: str, run_dir, said: tuple[str, ...]) -> bool:
+    """Whether a survivor's stderr ``err`` is exactly one line, ``train: WHAT; the last
+    checkpoint is step 2 in RUN_DIR/checkpoints; ...`` for a WHAT of ``said``."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    return any(
+        lines
+        == [
+            f"train: {what}; the last checkpoint is step 2 in {run_dir}/checkpoints; run the "
+            "same command on every process to resume"
+        ]
+        for what in said
+    )
+
+
 def dead_peer_said(process: int, of: int) -> tuple[str, ...]:
     """What a survivor's one line may say of process ``process`` (of ``of``) that died: the peer
     watch's words after PEER_TIMEOUT_S, or, on a host so loaded that the watch's threads ran a

@@ -11,7 +11,14 @@ import threading
 import time
 
 import pytest
-from helpers import PEER_TIMEOUT_S, PYTHONPATH, ROOT, TINY, dead_peer_said
+from helpers import (
+    PEER_TIMEOUT_S,
+    PYTHONPATH,
+    ROOT,
+    TINY,
+    dead_peer_said,
+    stopped_with_one_line,
+)
 from jax.errors import JaxRuntimeError
 
 from sagc_jax.config import ConfigError
@@ -327,15 +334,7 @@ def test_a_killed_process_stops_the_survivor_with_one_line_and_the_rerun_resumes
     codes, outs = _two_processes(run_dir, crash_at="rollout:3")  # SIGKILL in step 4
     err = outs[0][1]
     assert codes == [EXIT_PEER_LOST, -signal.SIGKILL], err[-3000:]
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert any(
-        lines
-        == [
-            f"train: {what}; the last checkpoint is step 2 in {run_dir}/checkpoints; run the "
-            "same command on every process to resume"
-        ]
-        for what in dead_peer_said(1, 2)
-    ), err[-3000:]
+    assert stopped_with_one_line(err, run_dir, dead_peer_said(1, 2)), err[-3000:]
     assert not (run_dir / "run.lock").exists()  # released before the exit
 
     codes, outs = _two_processes(run_dir)
@@ -353,11 +352,8 @@ def test_the_coordinators_death_ends_the_survivor_with_one_line_and_the_rerun_re
     codes, outs = _two_processes(run_dir, crash_at="rollout:3", crashing=0)  # SIGKILL in step 4
     err = outs[1][1]
     assert codes == [-signal.SIGKILL, EXIT_PEER_LOST], err[-3000:]
-    assert [line for line in err.splitlines() if line.strip()] == [
-        "train: process 0 of 2 (the jax.distributed coordinator) disappeared; the last "
-        f"checkpoint is step 2 in {run_dir}/checkpoints; run the same command on every process "
-        "to resume"
-    ]
+    gone = "process 0 of 2 (the jax.distributed coordinator) disappeared"
+    assert stopped_with_one_line(err, run_dir, (gone,)), err[-3000:]
 
     codes, outs = _two_processes(run_dir)
     assert codes == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import PEER_TIMEOUT_S, PYTHONPATH, TINY, dead_peer_said
+from helpers import PEER_TIMEOUT_S, PYTHONPATH, TINY, dead_peer_said, stopped_with_one_line
 from jax.sharding import AbstractMesh, PartitionSpec
 
 from sagc_jax.config import ConfigError, MeshConfig, load_config
@@ -364,19 +364,6 @@ def test_two_processes_agree_on_tail_batching_and_resume_with_prompts_waiting(tm
 # ---------------------------------------------------------------------- three and four processes
 
 
-def _lost_lines(run_dir, err, said):
-    """Whether ``err`` is one line saying one of ``said`` and where the run resumes."""
-    lines = [x for x in err.splitlines() if x.strip()]
-    return any(
-        lines
-        == [
-            f"train: {what}; the last checkpoint is step 2 in {run_dir}/checkpoints; run the "
-            "same command on every process to resume"
-        ]
-        for what in said
-    )
-
-
 @pytest.mark.heavy
 def test_three_processes_outlive_a_middle_rank_resume_and_train_like_one(tmp_path):
     """Three processes share 3 prompts a step and split the 4 held-out prompts unevenly (the
@@ -395,7 +382,8 @@ def test_three_processes_outlive_a_middle_rank_resume_and_train_like_one(tmp_pat
     codes, outs = _launch(run_dir, 4, 3, three, crash_at="rollout:3", crashing=1)
     assert codes == [EXIT_PEER_LOST, -signal.SIGKILL, EXIT_PEER_LOST], outs[0][1][-3000:]
     said = dead_peer_said(1, 3)
-    assert _lost_lines(run_dir, outs[0][1], said) and _lost_lines(run_dir, outs[2][1], said)
+    assert stopped_with_one_line(outs[0][1], run_dir, said)
+    assert stopped_with_one_line(outs[2][1], run_dir, said)
 
     outs = _train(run_dir, steps=4, processes=3, extra=three)
     assert f"resuming {run_dir} from step 2" in outs[0]
@@ -419,5 +407,5 @@ def test_a_stalled_coordinator_of_four_processes_ends_the_others_with_one_line(t
         f"process 0 of 4 (the jax.distributed coordinator) stopped answering ({PEER_TIMEOUT_S} s, "
     )
     what += "--peer-timeout)"
-    wrong = [err[-3000:] for _, err in outs[1:] if not _lost_lines(run_dir, err, (what,))]
+    wrong = [err[-3000:] for _, err in outs[1:] if not stopped_with_one_line(err, run_dir, (what,))]
     assert not wrong, "\n---\n".join(wrong)
