@@ -325,21 +325,26 @@ def run_sagc(jax_model, cfg, prompts_pt, args) -> tuple[Timing, float]:
 
     def update_batch(completion, old_logp, mask, adv) -> dict:
         """The update's input as `UpdateBatcher` (train/update_batch.py) builds it (one process)."""
-        if not args.packing:
-            return {
-                "prompt_ids": prompt_ids,
-                "prompt_lens": prompt_lens,
-                "completion": completion,
-                "old_logp": old_logp,
-                "mask": mask,
-                "adv": adv,
-            }
         from sagc_jax.programs.packing import (
             pack_update_batch,
             packed_rows_needed,
+            padded_update_batch,
             resolve_pack_len,
             row_multiple,
         )
+
+        if not args.packing:
+            return padded_update_batch(
+                prompt_ids,
+                prompt_lens,
+                completion,
+                old_logp,
+                adv,
+                mask,
+                aggregation=settings.aggregation,
+                max_new_tokens=new_tokens,
+                rows=len(prompt_lens),
+            )
 
         pack_len = resolve_pack_len(0, (PROMPT_LEN,), new_tokens)
         rows = packed_rows_needed(

@@ -458,6 +458,13 @@ class TrainConfig(Section):
         "false runs it anyway (Adam's momentum and weight decay then still move the weights)",
         resumable=True,
     )
+    drop_no_signal: bool = option(
+        True,
+        help="leave rollouts of advantage 0 out of the update (with loss.kl_beta = 0 their loss "
+        "and gradient are exactly 0; the loss's normaliser still counts them, so the update is "
+        "the same to float error), counted in update/rollouts_trained; false trains every one",
+        resumable=True,
+    )
     spike_factor: float = option(
         10.0,
         ge=0.0,

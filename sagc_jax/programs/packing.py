@@ -1,4 +1,5 @@
-"""The packed update batch: a step's real tokens laid end to end in rows (host side, numpy only).
+"""The update's batch on the host (numpy only): a step's real tokens laid end to end in packed
+rows, or one padded row per rollout; either way only the rollouts whose gradient can be non-zero.
 
 The padded update runs on ``[rollouts, prompt_bucket + max_new_tokens]``, mostly padding. Here
 each rollout becomes one *segment*: its prompt without the left padding, then its completion up
@@ -26,6 +27,11 @@ own rollouts). Per aggregation (``rl.loss_normalizer`` / ``rl.policy_loss``):
                       (fully masked rollouts included: they take no room but count here).
 
 Row counts come from a ladder (``row_ladder``) so the update compiles once per rung, whatever G.
+
+Rollouts left out (``trained_b`` False: advantage 0 with no KL term, so their loss and gradient
+are exactly 0) take no row, yet their share of the normaliser (``normalizer_shares``) still
+counts, in row 0: the loss and gradient equal those of the whole batch. The padded batch
+(``padded_update_batch``) does the same with one row per trained rollout and a ``norm`` [R].
 """
 
 from __future__ import annotations
@@ -39,6 +45,33 @@ from sagc_jax.config import ConfigError
 from sagc_jax.rl.losses import AGGREGATIONS
 
 PACKED_KEYS = ("tokens", "positions", "segment_ids", "mask", "weight", "old_logp", "adv", "norm")
+# The padded batch: one row per trained rollout (``norm`` [R] as the packed batch's).
+PADDED_KEYS = ("prompt_ids", "prompt_lens", "completion", "old_logp", "mask", "adv", "norm")
+
+
+def normalizer_shares(mask_bl, aggregation: str, max_new_tokens: int) -> np.ndarray:
+    """float64 [B]: each rollout's share of the step's loss normaliser (``rl.loss_normalizer``
+    is their sum): seq_mean 1 per rollout with a scored token, token_mean its scored tokens,
+    constant ``max_new_tokens`` per rollout (fully masked ones included)."""
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation = {aggregation!r}; choose one of {list(AGGREGATIONS)}")
+    mask_bl = np.asarray(mask_bl, np.float64)
+    chex.assert_rank(mask_bl, 2)
+    tokens_b = mask_bl.sum(axis=1)
+    if aggregation == "seq_mean":
+        return (tokens_b > 0).astype(np.float64)
+    if aggregation == "token_mean":
+        return tokens_b
+    return np.full(len(tokens_b), float(max_new_tokens))
+
+
+def _trained(trained_b, batch: int) -> np.ndarray:
+    """bool [B] the rollouts the update trains (None: all of them)."""
+    if trained_b is None:
+        return np.ones(batch, bool)
+    trained_b = np.asarray(trained_b, bool)
+    chex.assert_shape(trained_b, (batch,))
+    return trained_b
 
 
 def resolve_pack_len(pack_len: int, prompt_buckets, max_new_tokens: int) -> int:
@@ -82,14 +115,14 @@ def row_ladder(multiple: int, max_rows: int, growth: float = 1.25) -> tuple[int,
     return tuple(sorted(rungs | {top}))
 
 
-def _extents(prompt_lens_b, mask_bl) -> tuple[np.ndarray, np.ndarray]:
+def _extents(prompt_lens_b, mask_bl, trained_b=None) -> tuple[np.ndarray, np.ndarray]:
     """(completion tokens kept [B], segment lengths [B]): up to the last unmasked completion
-    token; 0 for a rollout with nothing to score (it is left out)."""
+    token; 0 for a rollout with nothing to score or not trained (it is left out)."""
     mask_bl = np.asarray(mask_bl)
     prompt_lens_b = np.asarray(prompt_lens_b, np.int64)
     chex.assert_rank(mask_bl, 2)
     chex.assert_shape(prompt_lens_b, mask_bl.shape[:1])
-    live_bl = mask_bl != 0
+    live_bl = (mask_bl != 0) & _trained(trained_b, len(mask_bl))[:, None]
     kept_b = np.where(live_bl.any(axis=1), mask_bl.shape[1] - np.argmax(live_bl[:, ::-1], 1), 0)
     if np.any((prompt_lens_b < 1) & (kept_b > 0)):
         raise ValueError("packing needs at least one prompt token per rollout (prompt_lens >= 1)")
@@ -117,19 +150,26 @@ def _first_fit_decreasing(sizes_b: np.ndarray, pack_len: int) -> tuple[np.ndarra
     return row_b, offset_b
 
 
+def rung_for(used: int, multiple: int, max_rows: int) -> int:
+    """The smallest rung of ``row_ladder(multiple, max_rows)`` of at least ``used`` rows."""
+    return next(r for r in row_ladder(multiple, max_rows) if r >= used)
+
+
 def packed_rows_needed(
-    prompt_lens_b, mask_bl, *, pack_len: int, multiple: int, max_rows: int
+    prompt_lens_b, mask_bl, *, pack_len: int, multiple: int, max_rows: int, trained_b=None
 ) -> int:
     """The smallest rung of ``row_ladder(multiple, max_rows)`` that holds this process's
-    rollouts. Multi-process runs take the max over processes and pack every process into it.
+    trained rollouts. Multi-process runs take the max over processes and pack every process
+    into it.
 
     prompt_lens_b: int [B] real prompt tokens; mask_bl: float [B, L] the loss mask (1 on scored
-    completion tokens, as ``rl.completion_mask``); max_rows: the padded row count (B).
+    completion tokens, as ``rl.completion_mask``); max_rows: the padded row count (B);
+    trained_b: bool [B] the rollouts trained (None: all).
     """
-    _, sizes_b = _extents(prompt_lens_b, mask_bl)
+    _, sizes_b = _extents(prompt_lens_b, mask_bl, trained_b)
     row_b, _ = _first_fit_decreasing(sizes_b, pack_len)
     used = int(row_b.max()) + 1 if len(row_b) else 0
-    return next(r for r in row_ladder(multiple, max_rows) if r >= used)
+    return rung_for(used, multiple, max_rows)
 
 
 def pack_update_batch(
@@ -144,17 +184,19 @@ def pack_update_batch(
     max_new_tokens: int,
     pack_len: int,
     rows: int,
+    trained_b=None,
 ) -> dict[str, np.ndarray]:
-    """This process's rollouts packed into ``rows`` rows of ``pack_len`` tokens (``PACKED_KEYS``).
+    """This process's trained rollouts packed into ``rows`` rows of ``pack_len`` tokens
+    (``PACKED_KEYS``).
 
     prompt_ids_bp: int [B, P] left-padded prompts (row b's prompt in its last prompt_lens_b[b]
     columns); completion_bl: int [B, L]; old_logp_bl: float [B, L] rollout-time log-probs;
-    adv_b: float [B]; mask_bl: float [B, L] loss mask. ``rows`` comes from
+    adv_b: float [B]; mask_bl: float [B, L] loss mask; trained_b: bool [B] the rollouts placed
+    (None: all; the others count in the normaliser only). ``rows`` comes from
     ``packed_rows_needed`` (the max over processes); fewer rows than the packing needs raise.
     Deterministic: the same inputs give the same arrays.
     """
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"aggregation = {aggregation!r}; choose one of {list(AGGREGATIONS)}")
+    share_b = normalizer_shares(mask_bl, aggregation, max_new_tokens)
     prompt_ids_bp = np.asarray(prompt_ids_bp)
     prompt_lens_b = np.asarray(prompt_lens_b, np.int64)
     mask_bl = np.asarray(mask_bl, np.float32)
@@ -164,7 +206,7 @@ def pack_update_batch(
     chex.assert_equal_shape([completion_bl, old_logp_bl, mask_bl])
     chex.assert_shape(adv_b, mask_bl.shape[:1])
     chex.assert_equal_shape([prompt_ids_bp, mask_bl], dims=0)
-    kept_b, sizes_b = _extents(prompt_lens_b, mask_bl)
+    kept_b, sizes_b = _extents(prompt_lens_b, mask_bl, trained_b)
     row_b, offset_b = _first_fit_decreasing(sizes_b, pack_len)
     used = int(row_b.max()) + 1 if len(row_b) else 0
     if used > rows:
@@ -190,10 +232,49 @@ def pack_update_batch(
         out["old_logp"][r, scored] = old_logp_bl[b, :n]
         out["adv"][r, scored] = adv_b[b]
         out["weight"][r, scored] = m / m.sum() if aggregation == "seq_mean" else m
-        norm_r[r] += {"seq_mean": 1.0, "token_mean": m.sum(), "constant": max_new_tokens}[
-            aggregation
-        ]
-    if aggregation == "constant":  # rollouts with nothing to score still count
-        norm_r[0] += max_new_tokens * int(np.sum(sizes_b == 0))
+    # each placed rollout's share in its row, the others' (left out, or nothing to score) in row 0
+    np.add.at(norm_r, np.where(sizes_b > 0, row_b, 0), share_b)
+    out["norm"] = norm_r.astype(np.float32)
+    return out
+
+
+def padded_update_batch(
+    prompt_ids_bp,
+    prompt_lens_b,
+    completion_bl,
+    old_logp_bl,
+    adv_b,
+    mask_bl,
+    *,
+    aggregation: str,
+    max_new_tokens: int,
+    rows: int,
+    trained_b=None,
+) -> dict[str, np.ndarray]:
+    """This process's trained rollouts, one padded row each, in ``rows`` rows (``PADDED_KEYS``;
+    the inputs as :func:`pack_update_batch`'s). Rows past the trained rollouts are empty (mask
+    0, norm 0); row 0's ``norm`` also carries the left-out rollouts' shares."""
+    arrays = {
+        "prompt_ids": np.asarray(prompt_ids_bp, np.int32),
+        "prompt_lens": np.asarray(prompt_lens_b, np.int32),
+        "completion": np.asarray(completion_bl, np.int32),
+        "old_logp": np.asarray(old_logp_bl, np.float32),
+        "mask": np.asarray(mask_bl, np.float32),
+        "adv": np.asarray(adv_b, np.float32),
+    }
+    chex.assert_equal_shape([arrays["completion"], arrays["old_logp"], arrays["mask"]])
+    chex.assert_equal_shape(list(arrays.values()), dims=0)
+    share_b = normalizer_shares(mask_bl, aggregation, max_new_tokens)
+    trained_b = _trained(trained_b, len(share_b))
+    kept = np.flatnonzero(trained_b)
+    if len(kept) > rows:
+        raise ValueError(f"{len(kept)} rollouts are trained but rows = {rows}")
+    out = {}
+    for k, x in arrays.items():
+        out[k] = np.zeros((rows, *x.shape[1:]), x.dtype)
+        out[k][: len(kept)] = x[kept]
+    norm_r = np.zeros(rows, np.float64)
+    norm_r[: len(kept)] = share_b[kept]
+    norm_r[0] += share_b[~trained_b].sum()
     out["norm"] = norm_r.astype(np.float32)
     return out

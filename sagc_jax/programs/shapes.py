@@ -193,7 +193,6 @@ def update_settings(cfg: Config) -> UpdateSettings:
         kl_beta=cfg.loss.kl_beta,
         # the sampler reports log_softmax(logits) when greedy (temperature 0)
         temperature=cfg.sampling.temperature if cfg.sampling.temperature > 0 else 1.0,
-        max_new_tokens=cfg.sampling.max_new_tokens,
         epochs=t.epochs,
         minibatches=t.minibatches,
         microbatches=t.microbatches,

@@ -1,12 +1,15 @@
 """The compiled policy update of a GRPO step, and the log-probability functions it uses.
 
 The update is jitted once per input shape and takes one of two batches:
-- padded (``BATCH_KEYS``): one row per rollout, ``prompt_bucket + max_new_tokens`` wide, so
-  each candidate G (and prompt bucket) gets its own program;
+- padded (``BATCH_KEYS``): one row per trained rollout, ``prompt_bucket + max_new_tokens``
+  wide, the row count one rung of a ladder (every rollout: the step's rollouts, one program per
+  candidate G) times each prompt bucket;
 - packed (``PACKED_KEYS``, built by ``programs.packing``): rollouts' real tokens laid end to end
   in rows of a fixed length, the row count one rung of a ladder: one program per rung,
   whatever G. The same loss, gradients and updates as the padded batch (with one mini-batch;
   several mini-batches draw packed rows rather than rollouts at random).
+Either batch carries each row's share of the step's loss normaliser (``norm``), so rollouts
+left out of it (no gradient: ``programs.packing``) still count in the loss's denominator.
 Programs compile on first use (or ahead of time) and are reused from the jit cache afterwards.
 ``compiled_programs()`` reports the cache sizes so tests and logs can catch recompiles.
 """
@@ -25,8 +28,8 @@ from flax import nnx
 
 from sagc_jax.models import axes as ax
 from sagc_jax.parallel import ShardingPlan
-from sagc_jax.programs.packing import PACKED_KEYS
-from sagc_jax.rl import loss_normalizer, policy_loss, weighted_policy_loss
+from sagc_jax.programs.packing import PACKED_KEYS, PADDED_KEYS
+from sagc_jax.rl import policy_loss, weighted_policy_loss
 from sagc_jax.rl.logprobs import token_logprobs
 
 
@@ -174,16 +177,22 @@ class UpdateSettings:
     eps_high: float
     kl_beta: float
     temperature: float
-    max_new_tokens: int
     epochs: int = 1
     minibatches: int = 1
     microbatches: int = 1
     lora_dropout: float = 0.0  # > 0: each chunk's policy forward drops the adapters' inputs
     logprob_chunk: int = 0  # tokens of [tokens, vocab] logits at a time; 0: all at once
 
+    @property
+    def zero_advantage_is_inert(self) -> bool:
+        """Whether a rollout of advantage 0 adds exactly 0 to the loss and its gradient (only
+        its share of the normaliser counts): no KL term reads it."""
+        return self.kl_beta == 0
 
-# The update's batch: every entry has one row per rollout (split over the mesh's batch axes).
-BATCH_KEYS = ("prompt_ids", "prompt_lens", "completion", "old_logp", "mask", "adv")
+
+# The padded update batch: every entry has one row per rollout (split over the mesh's batch
+# axes), built by ``programs.packing.padded_update_batch``.
+BATCH_KEYS = PADDED_KEYS
 
 
 def batch_spec(rows: int, prompt_len: int, new_tokens: int, sharding=None) -> dict:
@@ -195,6 +204,7 @@ def batch_spec(rows: int, prompt_len: int, new_tokens: int, sharding=None) -> di
         "old_logp": ((rows, new_tokens), jnp.float32),
         "mask": ((rows, new_tokens), jnp.float32),
         "adv": ((rows,), jnp.float32),
+        "norm": ((rows,), jnp.float32),
     }
     return {k: jax.ShapeDtypeStruct(*v, sharding=sharding) for k, v in shapes.items()}
 
@@ -278,8 +288,9 @@ class PolicyPrograms:
         LoRA, ``params`` are the adapters (the only arrays differentiated and in the optimizer
         state) and ``base`` the frozen weights under them, neither donated nor changed.
 
-        batch: padded (``BATCH_KEYS``): prompt_ids [N, P], prompt_lens [N], completion [N, L],
-        old_logp [N, L] (rollout time), mask [N, L], adv [N]; or packed (``PACKED_KEYS``, from
+        batch: padded (``BATCH_KEYS``, from ``programs.packing.padded_update_batch``):
+        prompt_ids [N, P], prompt_lens [N], completion [N, L], old_logp [N, L] (rollout time),
+        mask [N, L], adv [N], norm [N]; or packed (``PACKED_KEYS``, from
         ``programs.packing.pack_update_batch``): [R, pack_len] per token and norm [R]. Numpy or
         (multi-process: must be) global arrays. N (R) must divide by minibatches x microbatches.
         Returns (params, opt_state, metrics averaged over updates; per-token metrics are token
@@ -313,15 +324,10 @@ class PolicyPrograms:
         chex.assert_trees_all_equal_shapes_and_dtypes({k: batch[k] for k in keys}, spec)
         mb, micro = settings.minibatches, settings.microbatches
         mb_rows, micro_rows = n // mb, n // (mb * micro)
-        # Every mini-batch is normalised by its share of the whole-batch denominator, so the
-        # objective of one optimizer update is the full-batch loss restricted to its rows.
-        if packed:
-            normalizer = jnp.maximum(jnp.sum(batch["norm"]), 1.0)
-        else:
-            normalizer = loss_normalizer(
-                batch["mask"], settings.aggregation, settings.max_new_tokens
-            )
-        normalizer = normalizer / mb
+        # Every mini-batch is normalised by its share of the whole-batch denominator (rows left
+        # out included: the rows' ``norm``), so the objective of one optimizer update is the
+        # full-batch loss restricted to its rows.
+        normalizer = jnp.maximum(jnp.sum(batch["norm"]), 1.0) / mb
 
         def loss_fn(p, rows, dropout_key):
             if settings.lora_dropout == 0:

@@ -123,7 +123,12 @@ class Trainer:
         self.programs, self.state = build_run(cfg, self.plan, policy)
         check_free_space(self.run_dir, (self.state.params, self.state.opt_state))
         self.scale_by_std = ALGORITHMS[cfg.loss.algorithm].scale_by_std
-        self.batcher = UpdateBatcher(self.shape, self.plan, self.programs.settings.aggregation)
+        self.batcher = UpdateBatcher(self.shape, self.plan, self.programs.settings)
+        if cfg.train.drop_no_signal and not self.batcher.drops:
+            self._say(
+                "loss.kl_beta > 0: every rollout is trained, those of advantage 0 too (the KL "
+                "term gives them a gradient; train.drop_no_signal applies without it)"
+            )
         on_mesh = dict(
             plan=self.plan,
             state_shardings=self.programs.sampling_shardings,
@@ -246,10 +251,10 @@ class Trainer:
         clock["sampled"] = time.perf_counter()
         rewards = batch.shaped
         adv, zero_variance_p = self._advantages(rewards, batch.group_sizes)
-        update_batch = self.batcher(batch, adv)
+        trained = self.batcher.trained(adv)
+        update_batch = self.batcher(batch, adv, trained)
         clock["packed"] = time.perf_counter()
         crash_point("update", self.step)
-        update_rows = len(update_batch["norm" if self.cfg.train.packing else "adv"])
         update = self._update(update_batch, update_key, has_signal=self._has_signal(adv))
         clock["updated"] = time.perf_counter()
         ctrl, observation = observe(self.controller, rounds)
@@ -260,7 +265,9 @@ class Trainer:
             group_size=g,
             batch=batch,
             rounds=rounds,
-            update_rows=update_rows,
+            update_rows=len(update_batch["norm"]),
+            trained=trained,
+            advantages=adv,
             rewards=rewards,
             zero_variance_p=zero_variance_p,
             update=update,
@@ -284,7 +291,7 @@ class Trainer:
         """Whether the step's update runs: some rollout of some process has a non-zero
         advantage, or the KL term pulls toward the reference, or ``train.skip_no_signal`` is
         off (a collective: every process calls it and gets the same answer)."""
-        if not self.cfg.train.skip_no_signal or self.programs.settings.kl_beta > 0:
+        if not self.cfg.train.skip_no_signal or not self.programs.settings.zero_advantage_is_inert:
             return True
         return any_process(bool(np.any(adv != 0)))
 

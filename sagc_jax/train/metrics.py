@@ -29,7 +29,9 @@ class StepResult:
     group_size: int | np.ndarray  # G, or int64 [P] per-prompt sizes (hybrid per_prompt)
     batch: Rollouts  # the rows trained on (informative groups of every round)
     rounds: list[Rollouts]  # every sampling round, as sampled
-    update_rows: int  # packed rows (or one per rollout, unpacked)
+    update_rows: int  # packed rows (or one per trained rollout, unpacked)
+    trained: np.ndarray  # bool [N] rollouts of ``batch`` the update trained
+    advantages: np.ndarray  # float32 [N] of ``batch``
     rewards: np.ndarray  # float32 [N] shaped rewards of ``batch``
     zero_variance_p: np.ndarray  # bool [P] groups whose rewards were all equal
     update: dict[str, float]  # the update program's metrics
@@ -55,8 +57,10 @@ class StepCounts:
     reward_failed_rows: int  # rows whose reward raised or returned no number
     reward_timeouts: int  # rows whose reward ran past data.reward_timeout_s
     reward_batch_timeouts: int  # calls on a whole batch past the limit, then scored row by row
-    prompt_tokens: int  # real prompt tokens of the update batch
-    trained_tokens: int  # real completion tokens of the update batch
+    prompt_tokens: int  # real prompt tokens of the step's rollouts
+    trained_tokens: int  # real completion tokens of the step's rollouts
+    rollouts_trained: int  # rollouts the update ran on
+    rollouts_without_signal: int  # rollouts of advantage 0
 
 
 def step_counts(result: StepResult) -> StepCounts:
@@ -69,6 +73,8 @@ def step_counts(result: StepResult) -> StepCounts:
         sum(r.batch_timeouts for r in result.rounds),
         int(result.batch.prompt_lens.sum()),
         int(result.batch.lengths.sum()),
+        int(result.trained.sum()),
+        int(np.sum(result.advantages == 0)),
     ]
     return StepCounts(*(int(n) for n in gather_rows(np.array([local])).sum(axis=0)))
 
@@ -135,7 +141,9 @@ def step_record(
         * epochs
         / max(t_update, 1e-9),
         **{f"compiles/{kind}": count for kind, count in compiles.items()},
-        "update_rows": result.update_rows,  # packed rows (or one per rollout, unpacked)
+        "update_rows": result.update_rows,  # packed rows (or one per trained rollout, unpacked)
+        "update/rollouts_trained": counts.rollouts_trained,
+        "update/rollouts_without_signal": counts.rollouts_without_signal,
         **{f"update/{k}": v for k, v in result.update.items()},
         "group_ratios": ctrl["group_ratios"],
         "lengths": [  # group by group, every round

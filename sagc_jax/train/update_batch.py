@@ -1,6 +1,7 @@
 """The update's input from a step's rollouts: global arrays over the mesh, either packed into
 the row-count rung every process agrees on (``train.packing``; see ``programs.packing``) or
-one padded row per rollout (``programs.update.BATCH_KEYS``)."""
+one padded row per rollout (``programs.update.BATCH_KEYS``); in both, only the rollouts whose
+gradient can be non-zero (``UpdateBatcher.trained``)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,14 @@ import jax
 import numpy as np
 
 from sagc_jax.parallel import ShardingPlan, gather_rows
-from sagc_jax.programs.packing import pack_update_batch, packed_rows_needed
+from sagc_jax.programs.packing import (
+    pack_update_batch,
+    packed_rows_needed,
+    padded_update_batch,
+    rung_for,
+)
 from sagc_jax.programs.shapes import RunShape
+from sagc_jax.programs.update import UpdateSettings
 from sagc_jax.rl import completion_mask
 from sagc_jax.train.rollout import Rollouts
 
@@ -19,49 +26,54 @@ class UpdateBatcher:
     packed rows hold ``shape.pack_len`` tokens (a ``train.pack_len`` shorter than a bucket
     plus ``sampling.max_new_tokens`` raises ConfigError here)."""
 
-    def __init__(self, shape: RunShape, plan: ShardingPlan, aggregation: str):
+    def __init__(self, shape: RunShape, plan: ShardingPlan, settings: UpdateSettings):
         self.cfg = shape.cfg
         self.plan = plan
-        self.aggregation = aggregation  # the loss's (``UpdateSettings.aggregation``)
+        self.aggregation = settings.aggregation  # the loss's
         self.pack_len = shape.pack_len
         self.row_multiple = shape.row_multiple
+        # a rollout of advantage 0 has loss and gradient exactly 0 unless a KL term reads it
+        self.drops = self.cfg.train.drop_no_signal and settings.zero_advantage_is_inert
 
-    def __call__(self, batch: Rollouts, adv: np.ndarray) -> dict[str, jax.Array]:
-        """The update's input of this process's rollouts ``batch`` and their advantages
-        ``adv`` float32 [N] (a collective when packing: every process calls it)."""
+    def trained(self, adv: np.ndarray) -> np.ndarray:
+        """bool [N]: the rollouts the update trains, of advantages ``adv`` float32 [N]: those
+        of non-zero advantage (``train.drop_no_signal``, no KL term), else every one."""
+        if not self.drops:
+            return np.ones(len(adv), bool)
+        return np.asarray(adv) != 0
+
+    def __call__(
+        self, batch: Rollouts, adv: np.ndarray, trained: np.ndarray
+    ) -> dict[str, jax.Array]:
+        """The update's input of this process's rollouts ``batch``, their advantages ``adv``
+        float32 [N] and which are trained (``trained`` bool [N], from :meth:`trained`); a
+        collective (every process calls it): the row count is the rung every process needs."""
         mask = completion_mask(
             batch.lengths,
             batch.completion.shape[1],
             batch.truncated if self.cfg.loss.mask_truncated else None,
         )
-        if not self.cfg.train.packing:
-            padded = {
-                "prompt_ids": batch.prompt_ids,
-                "prompt_lens": batch.prompt_lens,
-                "completion": batch.completion,
-                "old_logp": batch.logprobs,
-                "mask": mask,
-                "adv": adv,
-            }
-            return self.plan.global_rows(padded)
-        rows = packed_rows_needed(
-            batch.prompt_lens,
-            mask,
-            pack_len=self.pack_len,
-            multiple=self.row_multiple,
-            max_rows=len(batch.lengths),
+        arrays = (batch.prompt_ids, batch.prompt_lens, batch.completion, batch.logprobs, adv, mask)
+        settings = dict(
+            aggregation=self.aggregation, max_new_tokens=self.cfg.sampling.max_new_tokens
         )
+        n = len(batch.lengths)
+        if self.cfg.train.packing:
+            rows = packed_rows_needed(
+                batch.prompt_lens,
+                mask,
+                pack_len=self.pack_len,
+                multiple=self.row_multiple,
+                max_rows=n,
+                trained_b=trained,
+            )
+        else:  # one row per trained rollout, rounded up to a rung (all: the step's rollouts)
+            rows = rung_for(int(trained.sum()), self.row_multiple, n)
         rows = int(gather_rows(np.array([rows])).max())  # one rung for every process
-        packed = pack_update_batch(
-            batch.prompt_ids,
-            batch.prompt_lens,
-            batch.completion,
-            batch.logprobs,
-            adv,
-            mask,
-            aggregation=self.aggregation,
-            max_new_tokens=self.cfg.sampling.max_new_tokens,
-            pack_len=self.pack_len,
-            rows=rows,
-        )
-        return self.plan.global_rows(packed)
+        if self.cfg.train.packing:
+            local = pack_update_batch(
+                *arrays, **settings, pack_len=self.pack_len, rows=rows, trained_b=trained
+            )
+        else:
+            local = padded_update_batch(*arrays, **settings, rows=rows, trained_b=trained)
+        return self.plan.global_rows(local)

@@ -103,6 +103,7 @@ def _update_batch(rows=8, prompt=6, new=12, seed=0):
     """A padded update batch (programs.BATCH_KEYS) with random tokens and advantages."""
     rng = np.random.default_rng(seed)
     return {
+        "norm": np.ones((rows,), np.float32),  # GRPO's seq_mean: one per sequence
         "prompt_ids": rng.integers(3, 15, (rows, prompt)).astype(np.int32),
         "prompt_lens": np.full((rows,), prompt, np.int32),
         "completion": rng.integers(3, 15, (rows, new)).astype(np.int32),

@@ -25,6 +25,7 @@ from sagc_jax.programs.packing import (
     PACKED_KEYS,
     pack_update_batch,
     packed_rows_needed,
+    padded_update_batch,
     resolve_pack_len,
     row_ladder,
     row_multiple,
@@ -64,18 +65,27 @@ def rollouts(n: int, seed: int = 0, drop: bool = True) -> dict:
     }
 
 
-def pack(b: dict, aggregation: str, rows: int, pack_len: int = P + L) -> dict:
+def _inputs(b: dict) -> tuple:
+    keys = ("prompt_ids", "prompt_lens", "completion", "old_logp", "adv", "mask")
+    return tuple(b[k] for k in keys)
+
+
+def pack(b: dict, aggregation: str, rows: int, pack_len: int = P + L, trained=None) -> dict:
     return pack_update_batch(
-        b["prompt_ids"],
-        b["prompt_lens"],
-        b["completion"],
-        b["old_logp"],
-        b["adv"],
-        b["mask"],
+        *_inputs(b),
         aggregation=aggregation,
         max_new_tokens=L,
         pack_len=pack_len,
         rows=rows,
+        trained_b=trained,
+    )
+
+
+def padded(b: dict, aggregation: str, rows: int | None = None, trained=None) -> dict:
+    """``b`` as the padded update batch (``BATCH_KEYS``): the trained rollouts in ``rows``."""
+    rows = len(b["adv"]) if rows is None else rows
+    return padded_update_batch(
+        *_inputs(b), aggregation=aggregation, max_new_tokens=L, rows=rows, trained_b=trained
     )
 
 
@@ -86,7 +96,6 @@ def settings(aggregation: str, kl_beta: float = 0.0, micro: int = 1) -> UpdateSe
         eps_high=0.28,
         kl_beta=kl_beta,
         temperature=0.9,
-        max_new_tokens=L,
         microbatches=micro,
     )
 
@@ -308,6 +317,7 @@ def test_update_equals_padded_with_kl_and_microbatches():
     programs = PolicyPrograms(graphdef, tx)
     key = jax.random.key(0)
     copy = lambda t: jax.tree.map(jnp.copy, t)  # noqa: E731  (the update donates its inputs)
+    b = padded(b, "seq_mean")
     p1, _, u1 = programs.update(PolicyState(copy(params), tx.init(params), ref), b, key, s)
     p2, _, u2 = programs.update(PolicyState(copy(params), tx.init(params), ref), packed, key, s)
     assert set(u1) == set(u2) >= {"loss", "grad_norm", "kl", "clip_fraction", "ratio_mean"}
@@ -350,7 +360,7 @@ def test_an_update_batch_off_its_spec_is_refused(change, message):
     graphdef, params = tiny_policy()
     tx = optax.sgd(0.1)
     programs = PolicyPrograms(graphdef, tx)
-    batch = change(rollouts(4, seed=3))
+    batch = change(padded(rollouts(4, seed=3), "seq_mean"))
     with pytest.raises(AssertionError, match=message):
         state = PolicyState(params, tx.init(params))
         programs.update(state, batch, jax.random.key(0), settings("seq_mean"))
@@ -391,7 +401,7 @@ def _mesh_main() -> None:
         b["prompt_lens"], b["mask"], pack_len=P + L, multiple=multiple, max_rows=16
     )
     results = []
-    for batch in (b, pack(b, "seq_mean", rows)):
+    for batch in (padded(b, "seq_mean"), pack(b, "seq_mean", rows)):
         start = jax.tree.map(jnp.copy, params)
         state = PolicyState(start, jax.jit(tx.init, out_shardings=opt_sh)(start))
         new, _, metrics = programs.update(state, plan.global_rows(batch), jax.random.key(0), s)

@@ -258,7 +258,7 @@ def test_the_reward_stall_notice_speaks_once_per_run():
     lines = []
     notice = RewardStallNotice("mod:fn", 3.0, lines.append)
     for step, count in enumerate([0, 2, 1, 0, 1], 1):
-        counts = StepCounts(0, 0, count, 0, 0)
+        counts = StepCounts(0, 0, count, 0, 0, 0, 0)
         notice(step, StepLog(None, counts, {}))  # the notice reads the typed counts only
     assert lines == [
         "step 2: reward mod:fn ran past data.reward_timeout_s = 3 s on a whole batch, then "
