@@ -94,6 +94,17 @@ def constant_reward(prompts, completions, answers):
     return [1.0] * len(completions)
 
 
+def half_signal_reward(prompts, completions, answers):
+    """A reward (``data.reward=helpers:half_signal_reward``) with signal in about half the
+    groups: a prompt whose characters' codes sum to an even number scores each of its
+    completions 1 (rewards all equal, so advantages 0), another the parity of each completion's
+    length."""
+    return [
+        1.0 if sum(map(ord, p)) % 2 == 0 else float(len(c) % 2)
+        for p, c in zip(prompts, completions, strict=True)
+    ]
+
+
 def write_word_tokenizer(path):
     """A tiny word-level tokenizer.json + tokenizer_config.json with a chat template."""
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -1,6 +1,6 @@
 """Packed update: the host packer, segment-causal attention, and packed == padded for the loss,
 gradients and parameters (GRPO / DAPO / Dr. GRPO, KL, micro-batches, a mesh), one program per
-rung. ``python tests/programs/test_packing.py mesh`` is the 8-simulated-device part (run in a
+rung; and an update without the rollouts of no signal == one with them. ``python tests/programs/test_packing.py mesh`` is the 8-simulated-device part (run in a
 subprocess).
 """
 
@@ -29,6 +29,7 @@ from sagc_jax.programs.packing import (
     resolve_pack_len,
     row_ladder,
     row_multiple,
+    rung_for,
 )
 from sagc_jax.programs.state import PolicyState
 from sagc_jax.programs.update import (
@@ -346,6 +347,73 @@ def test_one_update_program_per_rung():
     assert programs.compiled_programs()["update"] == len(set(rungs)) < 6
 
 
+# ---------------------------------------------------------------------- rollouts without signal
+
+
+def without_signal(n: int, seed: int) -> tuple[dict, np.ndarray]:
+    """(rollouts, trained bool [n]): groups of 4 rollouts, every other group's advantages 0
+    (rewards all equal), as ``UpdateBatcher.trained`` leaves them out."""
+    b = rollouts(n, seed=seed)
+    zero = (np.arange(n) // 4) % 2 == 0
+    b["adv"] = np.where(zero, 0.0, b["adv"]).astype(np.float32)
+    return b, ~zero
+
+
+def test_left_out_rollouts_take_no_row_but_count_in_the_normaliser():
+    b, trained = without_signal(16, seed=8)
+    for agg in ALGOS.values():
+        full = loss_normalizer(b["mask"], agg, L)
+        rows = packed_rows_needed(
+            b["prompt_lens"], b["mask"], pack_len=P + L, multiple=1, max_rows=16, trained_b=trained
+        )
+        every = packed_rows_needed(
+            b["prompt_lens"], b["mask"], pack_len=P + L, multiple=1, max_rows=16
+        )
+        assert rows < every  # the rung shrinks with the rollouts
+        packed = pack(b, agg, rows, trained=trained)
+        pad = padded(b, agg, rows=int(trained.sum()), trained=trained)
+        for out in (packed, pad):
+            np.testing.assert_allclose(out["norm"].sum(), full, rtol=1e-6)
+            assert out["mask"].sum() == b["mask"][trained].sum()  # only trained tokens scored
+        assert np.all(packed["adv"][packed["mask"] > 0] != 0)
+        assert np.all(pad["adv"][pad["mask"].sum(1) > 0] != 0)
+        np.testing.assert_array_equal(pad["completion"], b["completion"][trained])
+        with pytest.raises(ValueError, match="rows = 3"):
+            padded(b, agg, rows=3, trained=trained)
+
+
+@pytest.mark.slow
+def test_an_update_without_the_rollouts_of_no_signal_equals_the_full_one():
+    """GRPO / DAPO / Dr. GRPO, two micro-batches: one update on every rollout (padded) against
+    one on the trained rollouts only, padded and packed: the same loss, gradient norm and
+    parameters (plain SGD at rate 1: the change is the gradient itself)."""
+    graphdef, params = tiny_policy()
+    b, trained = without_signal(16, seed=9)
+    tx = optax.sgd(1.0)
+    programs = PolicyPrograms(graphdef, tx)
+    copy = lambda t: jax.tree.map(jnp.copy, t)  # noqa: E731  (the update donates its inputs)
+    kept = int(trained.sum())
+    for agg in ALGOS.values():
+        s = settings(agg, micro=2)
+        rows = packed_rows_needed(
+            b["prompt_lens"], b["mask"], pack_len=P + L, multiple=2, max_rows=16, trained_b=trained
+        )
+        batches = {
+            "full": padded(b, agg),
+            "padded": padded(b, agg, rows=kept, trained=trained),
+            "packed": pack(b, agg, rows, trained=trained),
+        }
+        out = {}
+        for name, batch in batches.items():
+            state = PolicyState(copy(params), tx.init(params))
+            new, _, metrics = programs.update(state, batch, jax.random.key(0), s)
+            out[name] = (new, {k: metrics[k] for k in ("loss", "grad_norm")})
+        assert float(out["full"][1]["grad_norm"]) > 0
+        for name in ("padded", "packed"):
+            chex.assert_trees_all_close(out[name][1], out["full"][1], rtol=1e-5, atol=1e-7)
+            chex.assert_trees_all_close(out[name][0], out["full"][0], rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -380,6 +448,8 @@ def test_packed_equals_padded_on_a_mesh():
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["devices"] == 4
     assert result["loss_diff"] < 1e-5 and result["param_diff"] < 1e-5, result
+    # without the rollouts of no signal (padded and packed) as with them
+    assert result["dropped_loss_diff"] < 1e-5 and result["dropped_param_diff"] < 1e-5, result
 
 
 def _mesh_main() -> None:
@@ -400,15 +470,50 @@ def _mesh_main() -> None:
     rows = packed_rows_needed(
         b["prompt_lens"], b["mask"], pack_len=P + L, multiple=multiple, max_rows=16
     )
+    # the rollouts of no signal left out, padded (a rung of the row ladder) and packed
+    zero = (np.arange(16) // 4) % 2 == 0
+    b0 = {**b, "adv": np.where(zero, 0.0, b["adv"]).astype(np.float32)}
+    kept = rung_for(int((~zero).sum()), multiple, 16)
+    rows0 = packed_rows_needed(
+        b0["prompt_lens"],
+        b0["mask"],
+        pack_len=P + L,
+        multiple=multiple,
+        max_rows=16,
+        trained_b=~zero,
+    )
+    batches = [
+        padded(b, "seq_mean"),
+        pack(b, "seq_mean", rows),
+        padded(b0, "seq_mean"),
+        padded(b0, "seq_mean", rows=kept, trained=~zero),
+        pack(b0, "seq_mean", rows0, trained=~zero),
+    ]
     results = []
-    for batch in (padded(b, "seq_mean"), pack(b, "seq_mean", rows)):
+    for batch in batches:
         start = jax.tree.map(jnp.copy, params)
         state = PolicyState(start, jax.jit(tx.init, out_shardings=opt_sh)(start))
         new, _, metrics = programs.update(state, plan.global_rows(batch), jax.random.key(0), s)
         results.append((float(metrics["loss"]), jax.tree.leaves(jax.device_get(new))))
-    (l1, p1), (l2, p2) = results
-    diff = max(float(np.max(np.abs(x - y))) for x, y in zip(p1, p2, strict=True))
-    print(json.dumps({"devices": plan.mesh.size, "loss_diff": abs(l1 - l2), "param_diff": diff}))
+
+    def differences(one, two):
+        (l1, p1), (l2, p2) = one, two
+        diff = max(float(np.max(np.abs(x - y))) for x, y in zip(p1, p2, strict=True))
+        return abs(l1 - l2), diff
+
+    loss_diff, param_diff = differences(results[0], results[1])
+    dropped = [differences(results[2], r) for r in results[3:]]
+    print(
+        json.dumps(
+            {
+                "devices": plan.mesh.size,
+                "loss_diff": loss_diff,
+                "param_diff": param_diff,
+                "dropped_loss_diff": max(d[0] for d in dropped),
+                "dropped_param_diff": max(d[1] for d in dropped),
+            }
+        )
+    )
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["mesh"]:

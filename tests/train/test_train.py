@@ -30,6 +30,8 @@ def test_one_program_per_candidate(tmp_path, packing):
     """One rollout program per G; one padded update per G, or one packed update per row-count
     rung the steps used (whatever G)."""
     overrides = [*TINY, "train.steps=6", "logging.tensorboard=false", f"train.packing={packing}"]
+    # every rollout trained: the padded update's rows are the step's rollouts
+    overrides.append("train.drop_no_signal=false")
     trainer = Trainer(load_config(None, overrides), tmp_path / "run")
     trainer.controller = CyclingController((2, 4))
     trainer.run(progress=False)
@@ -69,6 +71,49 @@ def test_a_step_without_learning_signal_runs_no_update(tmp_path):
     steps = [r for r in lines if "group_size" in r]
     assert [(r["update/no_signal"], r["update/skipped"]) for r in steps] == [(1.0, 0.0)] * 2
     assert summary["no_signal_steps"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        ["train.packing=false", "loss.algorithm=dapo", "train.microbatches=2"],
+        ["model.lora_rank=4", "loss.algorithm=dr_grpo"],
+        ["tail_batching.enabled=true", "tail_batching.extra=0.5"],
+    ],
+    ids=["grpo packed", "dapo padded microbatches", "dr_grpo lora", "tail batching"],
+)
+def test_leaving_out_the_rollouts_without_signal_changes_no_update(tmp_path, extra):
+    """train.drop_no_signal on and off: the same rollouts, losses and weights (to float
+    error), the update trained only the rollouts of non-zero advantage, the rest counted."""
+    runs = {}
+    for drop in (False, True):
+        overrides = [*TINY, "train.steps=3", "train.prompts_per_step=4", *extra]
+        overrides.append("logging.tensorboard=false")
+        overrides += ["data.reward=helpers:half_signal_reward", "data.reward_timeout_s=0"]
+        trainer = Trainer(
+            load_config(None, [*overrides, f"train.drop_no_signal={drop}"]), tmp_path / str(drop)
+        )
+        trainer.run(progress=False)
+        trainer.close()
+        lines = (tmp_path / str(drop) / "metrics.jsonl").read_text().splitlines()
+        steps = [r for r in map(json.loads, lines) if "group_size" in r]
+        runs[drop] = (jax.tree.map(np.asarray, trainer.state.params), steps)
+    (params, full), (params_dropped, dropped) = runs[False], runs[True]
+    assert [r["lengths"] for r in dropped] == [r["lengths"] for r in full]
+    # Adam divides float error by tiny second moments: a tenth of one step (lr 1e-3) of margin
+    chex.assert_trees_all_close(params_dropped, params, atol=1e-4)
+    for a, b in zip(full, dropped, strict=True):
+        # the loss is about 0 (ratio 1, advantages summing to 0 per group); the gradient norm
+        # is not, and shows a wrong normaliser that Adam's scale invariance would hide
+        np.testing.assert_allclose(b["update/loss"], a["update/loss"], atol=1e-6)
+        np.testing.assert_allclose(b["update/grad_norm"], a["update/grad_norm"], rtol=1e-5)
+        rollouts = a["prompts"] * a["group_size"]
+        assert a["update/rollouts_trained"] == rollouts
+        assert b["update/rollouts_trained"] == rollouts - b["update/rollouts_without_signal"]
+    assert sum(r["update/rollouts_without_signal"] for r in dropped) > 0  # some were left out
+    assert sum(r["update_rows"] for r in dropped) < sum(r["update_rows"] for r in full)
 
 
 @pytest.mark.slow
