@@ -1,6 +1,7 @@
 """Packed update: the host packer, segment-causal attention, and packed == padded for the loss,
 gradients and parameters (GRPO / DAPO / Dr. GRPO, KL, micro-batches, a mesh), one program per
-rung; and an update without the rollouts of no signal == one with them. ``python tests/programs/test_packing.py mesh`` is the 8-simulated-device part (run in a
+rung; and an update without the rollouts of no signal == one with them.
+``python tests/programs/test_packing.py mesh`` is the 8-simulated-device part (run in a
 subprocess).
 """
 
