@@ -20,7 +20,16 @@ default: sagc-jax `model.remat: full`, TRL `gradient_checkpointing=True`), and t
 the last `<answer>...</answer>`, or with `--rg-answer final`, the default, of the final answer
 when there are no tags). By default the task is the learning run's
 (docs/experiments/real-model.md): `basic_arithmetic`, two terms. sagc-jax runs every step's
-update even when every advantage is 0 (`train.skip_no_signal=false`), as TRL does.
+update even when every advantage is 0 (`train.skip_no_signal=false`), as TRL does. sagc-jax
+runs with the learning run's own layout: layers scanned (`--scan-layers`, the default:
+`model.scan_layers: true`) and `--microbatches 2` (`train.microbatches`: the update's
+gradient accumulated over two chunks of rows, one optimizer update; TRL keeps its one batch).
+
+`--drop`: sagc-jax with `train.drop_no_signal` on (the default of its config: the rollouts of
+advantage 0 are left out of the update, which changes the loss and gradient by float error
+only), off (every rollout trained, as TRL trains every one), or `both` (the default: two
+sagc-jax runs, each with its ratio to the one TRL run). Both figures are honest: "on" is what a
+sagc-jax user gets, "off" the same work row for row as TRL.
 
 Each side runs in its own subprocess, one after the other (sagc-jax first), so its peak RSS
 (`os.wait4`'s `ru_maxrss` of that child) is its own.
@@ -113,6 +122,24 @@ def _parse():
         "gradient_checkpointing (default: %(default)s, as the learning run; none keeps every "
         "activation)",
     )
+    parser.add_argument(
+        "--scan-layers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="sagc-jax model.scan_layers (default: on, as the learning run)",
+    )
+    parser.add_argument(
+        "--microbatches",
+        type=int,
+        default=2,
+        help="sagc-jax train.microbatches (default: %(default)s, as the learning run)",
+    )
+    parser.add_argument(
+        "--drop",
+        choices=("on", "off", "both"),
+        default="both",
+        help="sagc-jax train.drop_no_signal: on, off, or both (two sagc-jax runs; default)",
+    )
     parser.add_argument("--side", choices=("both", "sagc", "trl"), default="both")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--child", choices=("sagc", "trl"), help=argparse.SUPPRESS)
@@ -148,6 +175,7 @@ def sagc_config(args, run_dir: str):
         "model.compute_dtype=float32",
         "model.lora_rank=0",
         f"model.remat={args.remat}",
+        f"model.scan_layers={str(args.scan_layers).lower()}",
         "data.task=reasoning_gym",
         f"data.rg_dataset={args.rg_dataset}",
         f"data.rg_config={args.rg_config}",
@@ -174,8 +202,9 @@ def sagc_config(args, run_dir: str):
         f"train.max_grad_norm={MAX_GRAD_NORM}",
         "train.epochs=1",
         "train.minibatches=1",
-        "train.microbatches=1",
+        f"train.microbatches={args.microbatches}",
         "train.skip_no_signal=false",
+        f"train.drop_no_signal={str(args.drop == 'on').lower()}",
         f"train.seed={args.seed}",
         "train.eval_every=1000000",
         "train.checkpoint_every=0",
@@ -221,6 +250,7 @@ def child_sagc(args) -> dict:
         "rollout_s": [r["time/rollout_s"] for r in timed],
         "update_s": [r["time/update_s"] for r in timed],
         "tokens": [sum(sum(g) for g in r["lengths"]) for r in timed],
+        "trained": [r["update/rollouts_trained"] for r in timed],
         "lengths": [n for r in timed for g in r["lengths"] for n in g],
         "reward": [r["reward"] for r in steps],
         "warmup_s": [r["time/step_s"] for r in steps[: args.warmup]],
@@ -382,11 +412,12 @@ def child_trl(args) -> dict:
 # --------------------------------------------------------------------------- parent
 
 
-def run_child(side: str, args) -> tuple[dict, float]:
-    """(the child's result, its peak RSS in GiB)."""
+def run_child(side: str, args, drop: str = "on") -> tuple[dict, float]:
+    """(the child's result, its peak RSS in GiB); ``drop``: the sagc-jax child's ``--drop``."""
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
         argv = [sys.executable, __file__, *sys.argv[1:], "--child", side, "--result", str(result)]
+        argv += ["--drop", drop]  # the last one counts
         proc = subprocess.Popen(argv)
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -431,6 +462,9 @@ def report(name: str, res: dict, rss: float, args) -> Timing:
         f"{_mean(res['rollout_s']):.2f} s, update {_mean(res['update_s']):.2f} s, peak RSS "
         f"{rss:.2f} GiB, {sum(t.tokens)} tokens in {args.steps} timed steps{extra}"
     )
+    if "trained" in res:
+        trained = " ".join(str(n) for n in res["trained"])
+        print(f"{name} rollouts trained per timed step: {trained} of {args.prompts * args.group}")
     if res.get("compiled_steps"):
         print(f"{name}: timed steps {res['compiled_steps']} compiled a new program (time included)")
     sys.stdout.flush()
@@ -466,20 +500,25 @@ def main() -> None:
         f"{args.warmup} warm-up + {args.steps} timed steps, seed {args.seed}",
         flush=True,
     )
+    runs = [("trl", "trl", "off")]
+    drops = ("on", "off") if args.drop == "both" else (args.drop,)
+    runs = [("sagc", f"sagc-jax (drop {d})", d) for d in drops] + runs
     out = {}
-    for side, name in (("sagc", "sagc-jax"), ("trl", "trl")):
+    for side, name, drop in runs:
         if args.side in ("both", side):
-            res, rss = run_child(side, args)
-            out[side] = (name, report(name, res, rss, args), res, rss)
+            res, rss = run_child(side, args, drop)
+            out[name] = (side, report(name, res, rss, args), res, rss)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     head = (
         f"real-model grpo step (smollm2-135m, {_task(args)}, {args.prompts}x{args.group}, max "
         f"{args.max_new_tokens} new tokens): "
     )
-    parts = [_summary(name, t, res, rss) for name, t, res, rss in out.values()]
-    line = head + " | ".join(parts)
-    if len(out) == 2:
-        line += f" | ratio {out['sagc'][1].tokens_per_s / out['trl'][1].tokens_per_s:.2f}x"
+    line = head + " | ".join(_summary(name, t, res, rss) for name, (_, t, res, rss) in out.items())
+    if "trl" in out:
+        trl = out["trl"][1].tokens_per_s
+        for name, (side, t, _, _) in out.items():
+            if side == "sagc":
+                line += f" | ratio {name} {t.tokens_per_s / trl:.2f}x"
     print(line)
 
 

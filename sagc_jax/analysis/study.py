@@ -110,10 +110,16 @@ def step_lengths(record: dict) -> np.ndarray:
 
 def modeled_step_seconds(steps: list[dict], timer: StepTimer) -> dict[str, np.ndarray]:
     """Per rollout regime, float [steps]: each logged step's rollout + update seconds by
-    ``timer``, from its lengths (every sampling round; each group one prompt) and mean prompt
-    tokens per rollout."""
+    ``timer``, from its lengths (every sampling round; each group one prompt), mean prompt
+    tokens per rollout and which groups carried learning signal (``group_signal``; a run logged
+    before it was recorded: every group)."""
     times = [
-        timer(step_lengths(r), int(r["prompt_tokens"]), [len(g) for g in r["lengths"]])
+        timer(
+            step_lengths(r),
+            int(r["prompt_tokens"]),
+            [len(g) for g in r["lengths"]],
+            signal_p=r.get("group_signal"),
+        )
         for r in steps
     ]
     return {

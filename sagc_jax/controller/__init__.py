@@ -18,7 +18,7 @@ from sagc_jax.controller.prompt_stats import PromptStats
 from sagc_jax.controller.sagc import SAGCController
 from sagc_jax.controller.sagc_plus import SAGCPlusController
 from sagc_jax.controller.sagc_value import SAGCValueController
-from sagc_jax.controller.step import StepObservation
+from sagc_jax.controller.step import StepObservation, varied_groups
 
 __all__ = [
     "FixedGroupController",
@@ -38,6 +38,7 @@ __all__ = [
     "check_ragged_lengths",
     "group_ratios",
     "make_controller",
+    "varied_groups",
     "padding_waste",
     "ragged_median_ratio",
     "straggler_observation",

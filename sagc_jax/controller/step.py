@@ -163,6 +163,14 @@ class StepObservation:
         return self.finished_b is not None and not bool(self.finished_b.all())
 
 
+def varied_groups(rewards_b, sizes_p) -> np.ndarray:
+    """bool [P]: the groups (``sizes_p`` consecutive rows each of ``rewards_b`` [B]) whose
+    rewards are not all equal: the groups with learning signal (advantages not all 0)."""
+    rewards_b = np.asarray(rewards_b)
+    starts = np.concatenate([[0], np.cumsum(sizes_p)[:-1]]).astype(np.int64)
+    return np.maximum.reduceat(rewards_b, starts) > np.minimum.reduceat(rewards_b, starts)
+
+
 def _checked_rollouts(lengths_b, sizes_p) -> tuple[np.ndarray, np.ndarray]:
     """``check_ragged_lengths(lengths_b, sizes_p)``, with a fast path for the arrays the
     constructors pass (int64, flat, consistent): a step's observation is built every step."""

@@ -166,6 +166,7 @@ def step_timer(cfg: Config, padded_width: int, max_new_tokens: int | None = None
         padded_width=None if cfg.train.packing else padded_width,
         epochs=cfg.train.epochs,
         reference=cfg.loss.kl_beta > 0,
+        signal_only=cfg.train.drop_no_signal and cfg.loss.kl_beta == 0,
         engine=Engine.of(cfg.sampling, cap),
     )
 

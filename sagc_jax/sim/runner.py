@@ -9,7 +9,12 @@ from collections import deque
 import numpy as np
 
 from sagc_jax.config import Config, TailBatchingConfig
-from sagc_jax.controller import GroupController, StepObservation, make_controller
+from sagc_jax.controller import (
+    GroupController,
+    StepObservation,
+    make_controller,
+    varied_groups,
+)
 from sagc_jax.controller.observation import straggler_observation
 from sagc_jax.sim import roofline
 from sagc_jax.sim.steptime import REGIMES, StepTimer
@@ -84,9 +89,10 @@ def tail_summary(tail: dict) -> dict:
 
 
 def _play_step(controller: GroupController, workload, t: int):
-    """Decide, generate and observe step ``t``; ``(sizes_p, lengths_b, prompt_tokens, metrics)``;
-    a uniform step of a workload with rewards adds ``signal_share`` to the metrics (groups whose
-    rewards are not all equal)."""
+    """Decide, generate and observe step ``t``; ``(sizes_p, lengths_b, prompt_tokens, metrics,
+    signal_p)``: ``signal_p`` bool [P] the groups whose rewards are not all equal (None: the
+    workload has no rewards); a uniform step of a workload with rewards adds their share to the
+    metrics (``signal_share``)."""
     ids_p, tokens_p = workload.prompts(t)
     if controller.prompt_aware:
         decision = controller.propose_for(ids_p, tokens_p)
@@ -99,15 +105,15 @@ def _play_step(controller: GroupController, workload, t: int):
     rewards_pg = workload.rewards(t, widest) if hasattr(workload, "rewards") else None
     obs = StepObservation.of_rollouts(lengths_pg, sizes_p, rewards=rewards_pg, prompt_ids=ids_p)
     metrics = controller.observe(obs)
-    if rewards_pg is not None and np.ndim(decision) == 0:
-        varied = rewards_pg.max(axis=1) > rewards_pg.min(axis=1)
-        metrics = {**metrics, "signal_share": float(varied.mean())}
+    signal_p = None if obs.rewards_b is None else varied_groups(obs.rewards_b, sizes_p)
+    if signal_p is not None and np.ndim(decision) == 0:
+        metrics = {**metrics, "signal_share": float(signal_p.mean())}
     lengths_b = obs.lengths_b
     if np.all(tokens_p == tokens_p[0]):
         tokens = int(tokens_p[0])
     else:
         tokens = np.repeat(tokens_p, sizes_p)
-    return sizes_p, lengths_b, tokens, metrics
+    return sizes_p, lengths_b, tokens, metrics, signal_p
 
 
 def run_controller(name: str, controller: GroupController, workload, timer: StepTimer) -> SimRun:
@@ -131,10 +137,10 @@ def run_controller(name: str, controller: GroupController, workload, timer: Step
     ratios = []
     bootstrapped = 0
     for t in range(steps):
-        sizes_p, lengths_b, tokens, m = _play_step(controller, workload, t)
+        sizes_p, lengths_b, tokens, m, signal_p = _play_step(controller, workload, t)
         if hasattr(workload, "is_bootstrapped"):
             bootstrapped += workload.is_bootstrapped(t, int(sizes_p.max()))
-        seconds = timer(lengths_b, tokens, group_sizes=sizes_p)
+        seconds = timer(lengths_b, tokens, group_sizes=sizes_p, signal_p=signal_p)
         hist["g"][t] = lengths_b.size / sizes_p.size
         hist["log2_g"][t] = np.log2(sizes_p).mean()
         num_sequences[t] = lengths_b.size
@@ -235,7 +241,8 @@ def run_tail_batched(
                 reached_r.reshape(start, g), done_r.reshape(start, g), rewards_pg
             )
             m = controller.observe(obs)
-            times = timer(lengths_pg, np.repeat(tokens_p, g), keep_groups=num)
+            signal_p = varied_groups(rewards_pg.ravel(), np.full(start, g))
+            times = timer(lengths_pg, np.repeat(tokens_p, g), keep_groups=num, signal_p=signal_p)
             queue.extend((drawn, int(row), t) for row in np.flatnonzero(~kept_g))
             rec["started"][t], rec["deferred"][t] = start, start - num
             s_true = straggler_observation(lengths_pg, controller.tau, controller.scope)

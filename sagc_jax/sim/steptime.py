@@ -80,7 +80,9 @@ class StepTimer:
     ``model_name``; None with ``hardware: custom``). ``padded_width``: tokens of a padded update
     row (longest prompt bucket + max_new_tokens); None for packed updates. ``epochs``: update
     passes over each batch. ``reference``: the update also runs the reference policy (a KL term).
-    ``engine``: the sampler's settings (``compacting``)."""
+    ``signal_only``: the update trains only the rollouts of groups with learning signal
+    (``train.drop_no_signal`` without a KL term), so a group whose rewards are all equal costs
+    its rollouts only. ``engine``: the sampler's settings (``compacting``)."""
 
     sim: SimConfig
     costs: roofline.ModelCosts | None = None
@@ -88,6 +90,7 @@ class StepTimer:
     padded_width: int | None = None
     epochs: int = 1
     reference: bool = False
+    signal_only: bool = False
     engine: Engine = Engine()
 
     def __post_init__(self):
@@ -101,23 +104,28 @@ class StepTimer:
             return "custom constants"
         return f"{self.model_name} on {self.sim.devices} x {self.sim.hardware}"
 
-    def __call__(self, lengths, prompt_tokens, group_sizes=None, keep_groups=None) -> StepTime:
+    def __call__(
+        self, lengths, prompt_tokens, group_sizes=None, keep_groups=None, signal_p=None
+    ) -> StepTime:
         """Seconds of a step whose completions have ``lengths`` (``[B]`` or ``[P, G]``, groups of
         any sizes flattened in order) and prompts ``prompt_tokens`` (an int or ``[B]``).
         ``group_sizes``: int [P], rollouts per prompt in row order (the compacting regime
         prefills each prompt once); None: a ``[P, G]`` shape gives them, a flat ``[B]`` means
         one prompt per row. ``keep_groups``: a tail-batched step, cut once that many groups are
         whole (``roofline.rollout_seconds``); its update trains only the groups kept
-        (``roofline.cut_step``)."""
+        (``roofline.cut_step``). ``signal_p``: bool [P], the groups whose rewards are not all
+        equal (None: every group); with ``signal_only`` the update trains only those."""
         first_p = roofline.prompt_rows(np.shape(lengths), group_sizes)
         lengths = np.asarray(lengths, np.int64).ravel()
         prompts = np.broadcast_to(np.asarray(prompt_tokens, np.int64), lengths.shape)
         sizes_p = np.diff(np.append(first_p, lengths.size))
         groups_r = np.repeat(np.arange(sizes_p.size), sizes_p)
-        trained = slice(None)
+        trained = np.ones(lengths.size, bool)
         if keep_groups is not None:
             slots = self.engine.settings(lengths)["slots"]
             trained = roofline.cut_step(lengths, groups_r, keep_groups, slots)[3][groups_r]
+        if self.signal_only and signal_p is not None:
+            trained = trained & np.asarray(signal_p, bool)[groups_r]
         update = self.update_of(lengths[trained], prompts[trained])
         if self.sim.hardware == "custom":
             return self._custom(lengths, prompts, sizes_p, groups_r, keep_groups, update)
@@ -157,9 +165,11 @@ class StepTimer:
 
     def update_of(self, lengths, prompt_tokens) -> float:
         """Seconds of the update on completions of ``lengths`` [B] (prompts ``prompt_tokens``,
-        an int or [B])."""
+        an int or [B]); 0 for no rollout (the update is skipped: ``train.skip_no_signal``)."""
         lengths = np.asarray(lengths, np.int64).ravel()
         prompts = np.broadcast_to(np.asarray(prompt_tokens, np.int64), lengths.shape)
+        if lengths.size == 0:
+            return 0.0
         sim = self.sim
         if sim.hardware == "custom":
             return sim.step_overhead_seconds + sim.update_token_seconds * float(

@@ -92,6 +92,7 @@ def step_record(
     collective: every process calls it). ``controller`` and ``tail`` (None: tail batching off)
     add their own keys; ``epochs``: passes over the update batch; ``compiles``: programs
     compiled so far (``sampler``, ``update``)."""
+    from sagc_jax.controller import varied_groups
     from sagc_jax.parallel import gather_rows  # here: reading metrics back stays free of jax
     from sagc_jax.train.rollout import Rollouts
 
@@ -149,6 +150,10 @@ def step_record(
         "lengths": [  # group by group, every round
             group.tolist() for group in np.split(lengths, np.cumsum(obs.sizes_p)[:-1])
         ],
+        # the same groups: 1 where the shaped rewards differ (advantages not all 0)
+        "group_signal": varied_groups(gather_rows(_shaped(all_rounds)), obs.sizes_p)
+        .astype(int)
+        .tolist(),
         "prompt_tokens": counts.prompt_tokens // len(rewards),
     }
     if np.ndim(g):
@@ -159,6 +164,11 @@ def step_record(
     if result.update.get("skipped", 0) > 0:
         record["warning"] = "non-finite loss or gradient: update skipped"
     return record
+
+
+def _shaped(rollouts: Rollouts) -> np.ndarray:
+    """float [N]: the rewards advantages are computed from (after shaping, where shaped)."""
+    return rollouts.rewards if rollouts.shaped is None else rollouts.shaped
 
 
 def _controller_metrics(ctrl: dict[str, Any], controller: GroupController) -> dict[str, Any]:

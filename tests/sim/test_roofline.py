@@ -265,6 +265,24 @@ def test_step_timer_times_padded_and_packed_updates_on_their_tokens():
     assert StepTimer(sim, COSTS, "test model").label == "test model on 2 x h100"
 
 
+def test_the_update_is_timed_on_the_groups_with_signal_only():
+    """train.drop_no_signal: a group whose rewards are all equal costs its rollouts only."""
+    sim = SimConfig(hardware="h100")
+    lengths, signal = np.array([[10, 30], [20, 64], [5, 7]]), np.array([True, False, True])
+    every = StepTimer(sim, COSTS, "test model")
+    only = StepTimer(sim, COSTS, "test model", signal_only=True)
+    assert every(lengths, 4, signal_p=signal) == every(lengths, 4)  # every rollout trained
+    step = only(lengths, 4, signal_p=signal)
+    assert step.update == pytest.approx(every.update_of(lengths[signal], 4))
+    assert step.update < every(lengths, 4).update
+    assert step.compacting == every(lengths, 4).compacting  # the rollouts as before
+    assert only(lengths, 4, signal_p=[False] * 3).update == 0.0  # the update is skipped
+    assert only(lengths, 4).update == every(lengths, 4).update  # no signal known: every group
+    assert step_timer(load_config(None, []), 64).signal_only
+    assert not step_timer(load_config(None, ["loss.kl_beta=0.05"]), 64).signal_only
+    assert not step_timer(load_config(None, ["train.drop_no_signal=false"]), 64).signal_only
+
+
 def test_the_timed_model_is_a_preset_an_hf_config_or_the_run_s_own(tmp_path):
     arch, name = timed_architecture(load_config(None, ["sim.model=llama-3.2-3b"]))
     assert name == "llama-3.2-3b" and arch.compute_dtype == "bfloat16"
