@@ -44,6 +44,7 @@ import re
 import tempfile
 import time
 from functools import partial
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -51,6 +52,7 @@ from flax import nnx
 from host_roofline import describe, roofline_hardware
 
 from sagc_jax.models import Decoder, get_preset
+from sagc_jax.models.hf_checkpoint import hf_architecture
 from sagc_jax.sampling import Sampler
 from sagc_jax.sim.roofline import decode_step, model_costs
 
@@ -61,7 +63,12 @@ _DEVICE_TO_HOST = re.compile(r"d(evice)?\s*to\s*h(ost)?\b|dtoh|d2h", re.IGNORECA
 
 def _parse():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="tiny", help="a preset or a comma-separated list")
+    parser.add_argument(
+        "--preset",
+        default="tiny",
+        help="a preset or a comma-separated list; a Hugging Face directory (its config.json) "
+        "gives that architecture (random weights)",
+    )
     parser.add_argument("--batches", default="64,256,1024", help="comma-separated row counts")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--short-tokens", type=int, default=8, help="the call subtracted")
@@ -227,7 +234,11 @@ def main() -> None:
     print(f"decode_profile: {device} x {jax.device_count()}, jax {jax.__version__}")
     print(describe(hw, eff), flush=True)
     for preset in args.preset.split(","):
-        cfg = get_preset(preset, param_dtype=dtype, compute_dtype=dtype)
+        if (Path(preset) / "config.json").is_file():
+            cfg = hf_architecture(preset, param_dtype=dtype, compute_dtype=dtype)
+            preset = Path(preset).name
+        else:
+            cfg = get_preset(preset, param_dtype=dtype, compute_dtype=dtype)
         print(f"{preset}: {model_costs(cfg).params / 1e6:.2f}M params, {dtype}", flush=True)
         graphdef, state = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
         for batch in (int(b) for b in args.batches.split(",")):
