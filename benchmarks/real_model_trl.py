@@ -22,8 +22,9 @@ when there are no tags). By default the task is the learning run's
 (docs/experiments/real-model.md): `basic_arithmetic`, two terms. sagc-jax runs every step's
 update even when every advantage is 0 (`train.skip_no_signal=false`), as TRL does. sagc-jax
 runs with the learning run's own layout: layers scanned (`--scan-layers`, the default:
-`model.scan_layers: true`) and `--microbatches 2` (`train.microbatches`: the update's
-gradient accumulated over two chunks of rows, one optimizer update; TRL keeps its one batch).
+`model.scan_layers: true`), `--microbatches 2` (`train.microbatches`: the update's gradient
+accumulated over two chunks of rows, one optimizer update; TRL keeps its one batch) and
+`--logprob-chunk 4096` (`loss.logprob_chunk`).
 
 `--drop`: sagc-jax with `train.drop_no_signal` on (the default of its config: the rollouts of
 advantage 0 are left out of the update, which changes the loss and gradient by float error
@@ -52,7 +53,11 @@ Each side runs in its own subprocess, one after the other (sagc-jax first), so i
     runs after `on_step_end`, outside the timed step).
 
 The figure per side is generated completion tokens per second of the whole timed steps. The
-last line prints both and their ratio, sagc-jax over TRL (above 1: sagc-jax is faster).
+last line prints both and their ratio, sagc-jax over TRL (above 1: sagc-jax is faster), and
+beside it the ratio with the seconds JAX spent compiling inside the timed steps taken out (its
+own `jax.monitoring` duration events: tracing, lowering, XLA compilation): a packed update
+compiles once per row-count rung it meets, which a long run pays once but three timed steps
+meet several times.
 torch runs with `torch.set_num_threads(--threads)` (default: every usable core) in TRL's child;
 JAX uses its own CPU thread pool. The load average before and after is printed: run it on a
 quiet machine (see benchmarks/grpo_step.py on how contention skews torch's side).
@@ -135,6 +140,12 @@ def _parse():
         help="sagc-jax train.microbatches (default: %(default)s, as the learning run)",
     )
     parser.add_argument(
+        "--logprob-chunk",
+        type=int,
+        default=4096,
+        help="sagc-jax loss.logprob_chunk (default: %(default)s, as the learning run)",
+    )
+    parser.add_argument(
         "--drop",
         choices=("on", "off", "both"),
         default="both",
@@ -193,6 +204,7 @@ def sagc_config(args, run_dir: str):
         "loss.kl_beta=0.0",
         f"loss.eps_low={EPS}",
         f"loss.eps_high={EPS}",
+        f"loss.logprob_chunk={args.logprob_chunk}",
         f"train.prompts_per_step={args.prompts}",
         f"train.steps={args.warmup + args.steps}",
         f"train.learning_rate={args.lr}",
@@ -221,9 +233,19 @@ def sagc_config(args, run_dir: str):
 
 def child_sagc(args) -> dict:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # a CPU-against-CPU comparison
+    from jax import monitoring
+
     from sagc_jax.train.loop import Trainer
     from sagc_jax.train.metrics import read_metrics
 
+    compiling = [0.0]  # seconds JAX spent tracing, lowering and compiling (its own events)
+
+    def on_duration(name: str, seconds: float, **_) -> None:
+        if name.startswith("/jax/core/compile/"):
+            compiling[0] += seconds
+
+    monitoring.register_event_duration_secs_listener(on_duration)
+    step_compile_s = []
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         cfg = sagc_config(args, str(run_dir))
@@ -233,7 +255,9 @@ def child_sagc(args) -> dict:
             trainer.compile_ahead(log=lambda line: print(f"sagc-jax {line}", flush=True))
             compile_s = time.perf_counter() - t0
             for _ in range(args.warmup + args.steps):
+                compiling[0] = 0.0
                 record = trainer.log(trainer.train_step()).metrics  # advances trainer.step
+                step_compile_s.append(compiling[0])
                 trainer.writer.write(trainer.step, record, trainer.controller.candidates)
         finally:
             trainer.close()
@@ -256,6 +280,7 @@ def child_sagc(args) -> dict:
         "warmup_s": [r["time/step_s"] for r in steps[: args.warmup]],
         "compile_s": compile_s,
         "compiled_steps": compiled,
+        "step_compile_s": step_compile_s[args.warmup :],
         "prompt_tokens": [r["prompt_tokens"] for r in steps],
     }
 
@@ -466,7 +491,12 @@ def report(name: str, res: dict, rss: float, args) -> Timing:
         trained = " ".join(str(n) for n in res["trained"])
         print(f"{name} rollouts trained per timed step: {trained} of {args.prompts * args.group}")
     if res.get("compiled_steps"):
-        print(f"{name}: timed steps {res['compiled_steps']} compiled a new program (time included)")
+        less = [s - c for s, c in zip(res["step_s"], res["step_compile_s"], strict=True)]
+        print(
+            f"{name}: timed steps {res['compiled_steps']} compiled a new program (time included; "
+            f"JAX's compile events in the timed steps: {_fmt(res['step_compile_s'])} s): "
+            f"{sum(t.tokens) / sum(less):,.1f} tok/s, step {_mean(less):.2f} s less compiling"
+        )
     sys.stdout.flush()
     return t
 
@@ -516,9 +546,11 @@ def main() -> None:
     line = head + " | ".join(_summary(name, t, res, rss) for name, (_, t, res, rss) in out.items())
     if "trl" in out:
         trl = out["trl"][1].tokens_per_s
-        for name, (side, t, _, _) in out.items():
+        for name, (side, t, res, _) in out.items():
             if side == "sagc":
                 line += f" | ratio {name} {t.tokens_per_s / trl:.2f}x"
+                less = sum(res["step_s"]) - sum(res["step_compile_s"])
+                line += f" ({sum(t.tokens) / less / trl:.2f}x less compiling)"
     print(line)
 
 
