@@ -120,6 +120,20 @@ def test_leaving_out_the_rollouts_without_signal_changes_no_update(tmp_path, ext
     assert sum(r["update_rows"] for r in dropped) < sum(r["update_rows"] for r in full)
 
 
+def test_with_a_kl_term_every_rollout_is_trained_and_the_log_says_so(tmp_path, capsys):
+    overrides = [*TINY, "loss.kl_beta=0.05", "logging.tensorboard=false"]
+    trainer = Trainer(load_config(None, overrides), tmp_path / "run")
+    trainer.close()
+    assert "every rollout is trained" in capsys.readouterr().out
+    assert trainer.batcher.trained(np.zeros(4, np.float32)).all()
+    plain = Trainer(load_config(None, [*TINY, "logging.tensorboard=false"]), tmp_path / "plain")
+    plain.close()
+    assert "every rollout is trained" not in capsys.readouterr().out
+    np.testing.assert_array_equal(
+        plain.batcher.trained(np.array([0.0, 1.0, -1.0, 0.0])), [0, 1, 1, 0]
+    )
+
+
 @pytest.mark.slow
 def test_the_evaluation_decodes_through_the_slots_the_memory_check_counts(tmp_path):
     """More held-out prompts than a step's rollout rows stream through those rows (the memory
