@@ -32,6 +32,7 @@ from sagc_jax.programs.shapes import (
     decode_rows,
     make_trainer_optimizer,
     prompts_for,
+    trains_signal_only,
     update_settings,
 )
 from sagc_jax.programs.update import batch_spec, packed_batch_spec, packed_rows_loss, rows_loss
@@ -166,7 +167,7 @@ def step_timer(cfg: Config, padded_width: int, max_new_tokens: int | None = None
         padded_width=None if cfg.train.packing else padded_width,
         epochs=cfg.train.epochs,
         reference=cfg.loss.kl_beta > 0,
-        signal_only=cfg.train.drop_no_signal and cfg.loss.kl_beta == 0,
+        signal_only=trains_signal_only(cfg),
         engine=Engine.of(cfg.sampling, cap),
     )
 
@@ -593,6 +594,7 @@ def step_prediction(
         "layout": "packed: real tokens" if cfg.train.packing else "padded: rows x width",
         "update_seconds": update,
         "update_flops_source": flops_source,
+        "signal_only": trains_signal_only(cfg),
         "steps": cfg.train.steps,
         "tail": tail,
     }
@@ -628,9 +630,15 @@ def format_step(pred: dict) -> str:
             f"on average, {100 * padding:.0f}% of them finished; {r['limit']}-bound; "
             f"{pred['generated'] / r['seconds']:,.0f} generated tokens/s)"
         )
+    every = ""
+    if pred["signal_only"]:
+        every = (
+            "; every group with learning signal: train.drop_no_signal leaves the groups whose "
+            "rewards are all equal out, a share s of groups with signal costs about s x this"
+        )
     lines.append(
         f"  update: {pred['update_seconds']:.2f} s ({pred['update_tokens']:,} tokens "
-        f"({pred['layout']}); {pred['update_flops_source']}, at the assumed MFU)"
+        f"({pred['layout']}); {pred['update_flops_source']}, at the assumed MFU{every})"
     )
     hours = {
         regime: pred["steps"] * (r["seconds"] + pred["update_seconds"]) / 3600

@@ -201,6 +201,12 @@ def update_settings(cfg: Config) -> UpdateSettings:
     )
 
 
+def trains_signal_only(cfg: Config) -> bool:
+    """Whether the update leaves out the rollouts of advantage 0 (``train.drop_no_signal``):
+    only when no term of the loss gives them a gradient (no KL term)."""
+    return cfg.train.drop_no_signal and update_settings(cfg).zero_advantage_is_inert
+
+
 def make_trainer_optimizer(cfg: Config):
     """The run's optimizer (its schedule counts optimizer updates over the whole run)."""
     t = cfg.train

@@ -15,7 +15,7 @@ from sagc_jax.programs.packing import (
     padded_update_batch,
     rung_for,
 )
-from sagc_jax.programs.shapes import RunShape
+from sagc_jax.programs.shapes import RunShape, trains_signal_only
 from sagc_jax.programs.update import UpdateSettings
 from sagc_jax.rl import completion_mask
 from sagc_jax.train.rollout import Rollouts
@@ -32,8 +32,7 @@ class UpdateBatcher:
         self.aggregation = settings.aggregation  # the loss's
         self.pack_len = shape.pack_len
         self.row_multiple = shape.row_multiple
-        # a rollout of advantage 0 has loss and gradient exactly 0 unless a KL term reads it
-        self.drops = self.cfg.train.drop_no_signal and settings.zero_advantage_is_inert
+        self.drops = trains_signal_only(self.cfg)
 
     def trained(self, adv: np.ndarray) -> np.ndarray:
         """bool [N]: the rollouts the update trains, of advantages ``adv`` float32 [N]: those

@@ -272,8 +272,10 @@ def _group_sizes(run_dir):
         (),
         ("controller.kind=hybrid", "data.prompt_pool=8"),  # hybrid: step mode, prompt ids
         ("controller.kind=sagc_value",),  # every process's rewards, gathered
+        # each process leaves its own rollouts of advantage 0 out, packed in the rung of all
+        ("data.reward=helpers:half_signal_reward", "data.reward_timeout_s=0"),
     ],
-    ids=["sagc", "hybrid", "sagc_value"],
+    ids=["sagc", "hybrid", "sagc_value", "rollouts without signal left out"],
 )
 def test_two_processes_train_like_one(tmp_path, extra):
     one, two = tmp_path / "one", tmp_path / "two"

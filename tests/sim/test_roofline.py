@@ -227,6 +227,7 @@ def test_plan_predicts_a_step(capsys):
     out = capsys.readouterr().out
     assert "step on 8 x NVIDIA H100 SXM" in out and "fits in 80.0 GiB" in out
     assert "rollout, synchronous" in out and "bound" in out and "update:" in out
+    assert "a share s of groups with signal costs about s x this" in out  # drop_no_signal
     # the sampler's own regime first, then the two others, each named
     regimes = re.findall(r"^  rollout, (\w+) \(", out, re.M)
     assert regimes == ["compacting", "synchronous", "continuous"]
