@@ -286,7 +286,11 @@ def test_two_processes_train_like_one(tmp_path, extra):
     _train(two, steps=4, processes=2, extra=extra)
     sizes = _group_sizes(one)
     assert _group_sizes(two) == sizes and len(set(sizes)) == 2, sizes
-    chex.assert_trees_all_close(_params(two, 4), _params(one, 4), rtol=1e-7, atol=1e-6)
+    # with learning signal the processes' packing sums the gradient in another order, and Adam
+    # divides that float error by small second moments: a tenth of one step (lr 1e-3) of margin
+    learns = any("half_signal" in o for o in extra)
+    atol = 1e-4 if learns else 1e-6
+    chex.assert_trees_all_close(_params(two, 4), _params(one, 4), rtol=1e-7, atol=atol)
 
 
 @pytest.mark.heavy
