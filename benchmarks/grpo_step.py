@@ -333,19 +333,10 @@ def run_sagc(jax_model, cfg, prompts_pt, args) -> tuple[Timing, float]:
             row_multiple,
         )
 
+        arrays = (prompt_ids, prompt_lens, completion, old_logp, adv, mask)
+        kw = dict(aggregation=settings.aggregation, max_new_tokens=new_tokens)
         if not args.packing:
-            return padded_update_batch(
-                prompt_ids,
-                prompt_lens,
-                completion,
-                old_logp,
-                adv,
-                mask,
-                aggregation=settings.aggregation,
-                max_new_tokens=new_tokens,
-                rows=len(prompt_lens),
-            )
-
+            return padded_update_batch(*arrays, **kw, rows=len(prompt_lens))
         pack_len = resolve_pack_len(0, (PROMPT_LEN,), new_tokens)
         rows = packed_rows_needed(
             prompt_lens,
@@ -354,18 +345,7 @@ def run_sagc(jax_model, cfg, prompts_pt, args) -> tuple[Timing, float]:
             multiple=row_multiple(1, 1, batch_shards),
             max_rows=len(prompt_lens),
         )
-        return pack_update_batch(
-            prompt_ids,
-            prompt_lens,
-            completion,
-            old_logp,
-            adv,
-            mask,
-            aggregation=settings.aggregation,
-            max_new_tokens=new_tokens,
-            pack_len=pack_len,
-            rows=rows,
-        )
+        return pack_update_batch(*arrays, **kw, pack_len=pack_len, rows=rows)
 
     start = time.perf_counter()
     sampler.compile(
