@@ -54,6 +54,7 @@ from sagc_jax.programs.packing import (
     rung_for,
 )
 from sagc_jax.programs.policy import build_sharded_policy, build_tokenizer
+from sagc_jax.programs.shapes import trains_signal_only, update_settings
 from sagc_jax.programs.state import build_run
 from sagc_jax.rl import completion_mask
 from sagc_jax.sim.roofline import model_costs
@@ -111,13 +112,11 @@ def step_batch(cfg, args, vocab: int, batch_shards: int) -> tuple[dict, dict]:
     signal_p = np.arange(args.prompts) < round(args.signal * args.prompts)
     adv = np.where(np.repeat(signal_p, args.group), rng.normal(size=n), 0.0).astype(np.float32)
     mask = completion_mask(lengths, new)
-    drops = cfg.train.drop_no_signal and cfg.loss.kl_beta == 0
-    trained = adv != 0 if drops else np.ones(n, bool)
+    trained = adv != 0 if trains_signal_only(cfg) else np.ones(n, bool)
     t = cfg.train
     multiple = row_multiple(t.minibatches, t.microbatches, batch_shards)
     arrays = (prompt_ids, prompt_lens, completion, old_logp, adv, mask)
-    kw = dict(aggregation="seq_mean" if cfg.loss.algorithm == "grpo" else "token_mean")
-    kw["max_new_tokens"] = new
+    kw = dict(aggregation=update_settings(cfg).aggregation, max_new_tokens=new)
     if t.packing:
         pack_len = resolve_pack_len(t.pack_len, (args.prompt_len,), new)
         rows = packed_rows_needed(
