@@ -47,6 +47,16 @@ def add_parser(subparsers) -> None:
         help="completions per prompt: 1 = greedy (default); K > 1 = sampled, with pass@k",
     )
     p.add_argument("--out", type=Path, default=None, help="also write the figures to this JSON")
+    p.add_argument(
+        "--completions",
+        type=Path,
+        default=None,
+        help="write every completion (prompt, sample, length, reward, truncated) to this JSONL, "
+        "a histogram of their lengths beside it (.png), and print the length tail: the share at "
+        "the cap and, per G of controller.candidates up to --samples, the share of groups "
+        "straggling (longest over controller.tau x median), without signal (rewards all equal) "
+        "and the tokens a synchronous step decodes over the real ones",
+    )
     p.set_defaults(func=cmd_eval)
 
 
@@ -56,7 +66,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from sagc_jax.export import merged_run_params
     from sagc_jax.programs.policy import build_model, build_tokenizer
     from sagc_jax.tasks.source import make_source
-    from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
+    from sagc_jax.train.evaluate import eval_metrics, heldout_completions, policy_sampler
     from sagc_jax.train.safety.faults import phase
     from sagc_jax.train.warm_start import load_run_params
 
@@ -85,8 +95,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         graphdef, model.config, source.tokenizer, sampling=cfg.sampling, slots=_eval_slots(cfg)
     )
     with phase("the evaluation"):
-        result = evaluate_policy(sampler, params, source, cfg, args.num, args.samples)
+        completions = heldout_completions(sampler, params, source, cfg, args.num, args.samples)
+    result = eval_metrics(completions)
     print(f"eval {path}: " + ", ".join(f"{k}={v:.4g}" for k, v in result.items()))
+    if args.completions is not None:
+        result.update(_write_tail(args.completions, completions, cfg, path))
     if args.out is not None:
         s = cfg.sampling
         record = {
@@ -103,6 +116,31 @@ def cmd_eval(args: argparse.Namespace) -> int:
         _write_json(args.out, record)
         print(f"eval {path}: wrote {args.out}")
     return 0
+
+
+def _write_tail(out: Path, completions, cfg, path: Path) -> dict:
+    """Write ``completions`` to ``out`` (JSONL) and their length histogram beside it, print the
+    length tail; the tail's figures, keys prefixed ``tail/``."""
+    from sagc_jax.analysis.tail import tail_summary, write_completions
+
+    c = cfg.controller
+    tail = tail_summary(
+        completions.lengths_pk,
+        completions.rewards_pk,
+        completions.max_new_tokens,
+        groups=c.candidates,
+        tau=c.tau,
+    )
+    try:
+        plot = write_completions(out, completions, tail)
+    except OSError as err:
+        raise UserError(f"{out}: cannot write the completions ({err.strerror})") from None
+    print(
+        f"eval {path}: length tail: "
+        + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in tail.items())
+    )
+    print(f"eval {path}: wrote {out} and {plot}")
+    return {f"tail/{k}": v for k, v in tail.items()}
 
 
 def _eval_slots(cfg) -> int:

@@ -1,6 +1,9 @@
-"""Held-out evaluation: greedy decoding of a fixed set of held-out prompts."""
+"""Held-out evaluation: greedy decoding of a fixed set of held-out prompts, or several sampled
+completions of each."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import jax
 import numpy as np
@@ -38,18 +41,27 @@ def policy_sampler(
     )
 
 
-def evaluate_policy(
+@dataclass(frozen=True)
+class HeldoutCompletions:
+    """Every completion of a held-out evaluation, prompt-major: ``[prompts, samples]`` arrays of
+    its reward (float), its length in tokens (EOS included) and whether it was cut at
+    ``max_new_tokens`` (no EOS)."""
+
+    rewards_pk: np.ndarray
+    lengths_pk: np.ndarray
+    truncated_pk: np.ndarray
+    max_new_tokens: int
+
+
+def heldout_completions(
     sampler, params, source, cfg: Config, num: int | None = None, samples: int = 1
-) -> dict:
-    """Held-out accuracy (reward >= 1), mean reward and completion length, and the share
-    truncated at ``sampling.max_new_tokens``: greedy (``samples`` = 1, what a run logs), or
-    ``samples`` completions per prompt drawn at the config's temperature, top-p and top-k
-    (means over every completion), with ``eval/pass@k`` (the unbiased estimator of Chen et
-    al. 2021: the chance that some of k completions of a prompt is right) for k = 1, 2, 4, ...
-    up to ``samples``.
+) -> HeldoutCompletions:
+    """``samples`` completions of each of ``num`` held-out prompts (default
+    ``train.eval_size``): greedy when ``samples`` = 1, else drawn at the config's temperature,
+    top-p and top-k.
 
     On a mesh the prompts are padded (repeating the last) to a multiple of the batch shards and
-    every process decodes its share; the figures cover the real prompts only.
+    every process decodes its share; the arrays cover the real prompts only, on every process.
     """
     prompts = source.heldout(num or cfg.train.eval_size)
     count = len(prompts)
@@ -74,20 +86,40 @@ def evaluate_policy(
         reward_on_error="zero",
     )
     rows = count * samples  # the real prompts' rows come first, in prompt order
-    rewards = gather_rows(r.rewards)[:rows]
-    lengths = gather_rows(r.lengths)[:rows]
+    return HeldoutCompletions(
+        rewards_pk=gather_rows(r.rewards)[:rows].reshape(count, samples),
+        lengths_pk=gather_rows(r.lengths)[:rows].reshape(count, samples),
+        truncated_pk=gather_rows(r.truncated)[:rows].reshape(count, samples).astype(bool),
+        max_new_tokens=s.max_new_tokens,
+    )
+
+
+def eval_metrics(c: HeldoutCompletions) -> dict:
+    """Held-out accuracy (reward >= 1), mean reward and completion length, and the share
+    truncated, means over every completion; with several samples per prompt also
+    ``eval/pass@k`` (the unbiased estimator of Chen et al. 2021: the chance that some of k
+    completions of a prompt is right) for k = 1, 2, 4, ... up to the samples."""
+    count, samples = c.rewards_pk.shape
     metrics = {
-        "eval/accuracy": float(np.mean(rewards >= 1.0)),
-        "eval/reward": float(rewards.mean()),
-        "eval/length_mean": float(lengths.mean()),
-        "eval/truncated_frac": float(gather_rows(r.truncated)[:rows].mean()),
+        "eval/accuracy": float(np.mean(c.rewards_pk >= 1.0)),
+        "eval/reward": float(c.rewards_pk.mean()),
+        "eval/length_mean": float(c.lengths_pk.mean()),
+        "eval/truncated_frac": float(c.truncated_pk.mean()),
         "eval/prompts": count,
     }
-    if not greedy:
-        right_p = (rewards.reshape(count, samples) >= 1.0).sum(axis=1)
+    if samples > 1:
+        right_p = (c.rewards_pk >= 1.0).sum(axis=1)
         ks = sorted({*(2**i for i in range(samples.bit_length()) if 2**i <= samples), samples})
         metrics.update({f"eval/pass@{k}": pass_at_k(right_p, samples, k) for k in ks})
     return metrics
+
+
+def evaluate_policy(
+    sampler, params, source, cfg: Config, num: int | None = None, samples: int = 1
+) -> dict:
+    """`eval_metrics` of `heldout_completions`: greedy (``samples`` = 1, what a run logs) or
+    ``samples`` sampled completions per prompt."""
+    return eval_metrics(heldout_completions(sampler, params, source, cfg, num, samples))
 
 
 def pass_at_k(right_p: np.ndarray, n: int, k: int) -> float:

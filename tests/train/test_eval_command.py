@@ -76,6 +76,28 @@ def test_eval_of_a_model_directory_greedy_and_sampled(model_dir, tmp_path, capsy
     assert "a Hugging Face model" in capsys.readouterr().out
 
 
+def test_eval_writes_every_sampled_completion_and_the_length_tail(model_dir, tmp_path, capsys):
+    out, lines = tmp_path / "base.json", tmp_path / "tail" / "c.jsonl"
+    extra = ("--num", "3", "--samples", "4", "--out", str(out), "--completions", str(lines))
+    assert main(eval_args(model_dir, *extra)) == 0
+    records = [json.loads(line) for line in lines.read_text().splitlines()]
+    assert [(r["prompt"], r["sample"]) for r in records] == [
+        (p, k) for p in range(3) for k in range(4)
+    ]
+    figures = json.loads(out.read_text())
+    lengths = np.array([r["length"] for r in records])
+    assert figures["eval/length_mean"] == pytest.approx(lengths.mean())
+    assert figures["eval/accuracy"] == pytest.approx(np.mean([r["reward"] >= 1 for r in records]))
+    assert figures["tail/completions"] == 12 and "tail/straggle@4" in figures  # TINY's G = 4
+    assert (tmp_path / "tail" / "c.png").is_file()
+    assert "length tail: " in capsys.readouterr().out
+    (tmp_path / "a_file").write_text("")
+    bad = ("--num", "1", "--samples", "2", "--completions", str(tmp_path / "a_file" / "c.jsonl"))
+    assert main(eval_args(model_dir, *bad)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot write the completions" in err, err
+
+
 def test_eval_decodes_through_the_rows_of_a_training_step_of_the_largest_g():
     """--samples K of every held-out prompt streams through no more rows than a step decoded
     (TINY: 2 prompts x G = 4); the sampled test above sends 3 x 3 rows through 8."""
