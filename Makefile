@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: train test test-heavy test-fast simulate experiment soak lint clean clean-runs real-model real-train
+.PHONY: train test test-heavy test-fast simulate experiment soak lint clean clean-runs real-model real-train real-tail
 
 # (Re)install when pyproject.toml changes; the venv is created on first use. The demo needs the
 # package alone; the tests (and lint) add the dev extra: pytest, ruff, CPU PyTorch, transformers.
@@ -44,6 +44,30 @@ REAL_MODEL := $(SAGC_JAX_CACHE)/models/SmolLM2-135M-Instruct
 real-train: real-model
 	$(VENV)/bin/sagc-jax train --config configs/real/smollm2-arith.yaml \
 		--set model.hf_checkpoint=$(REAL_MODEL) --set logging.run_dir=runs/real/smollm2-arith
+
+# The base model's length tail (docs/experiments/real-straggler.md): 16 held-out prompts x 16
+# samples of basic_arithmetic (the real config's task: one step) and of leg_counting with one or
+# two kinds of animal (a product per kind, then a sum: several steps), at each cap and
+# temperature/top-p; every completion in $(TAIL_DIR)/TASK-capC-tT-pP.jsonl with its length
+# histogram (.png) and the figures in .json. Rerunning skips what is written.
+TAIL_DIR ?= runs/real-tail
+TAIL_TASKS ?= arith legs
+TAIL_CAPS ?= 512 256
+TAIL_SAMPLING ?= 1.0:1.0 0.7:0.95 0.6:0.95
+TAIL_LEGS := --set data.rg_dataset=leg_counting \
+	--set 'data.rg_config={min_animals: 1, max_animals: 2, max_instances: 3}'
+real-tail: real-model
+	@for task in $(TAIL_TASKS); do for cap in $(TAIL_CAPS); do for tp in $(TAIL_SAMPLING); do \
+	  t=$${tp%:*}; p=$${tp#*:}; out=$(TAIL_DIR)/$$task-cap$$cap-t$$t-p$$p; \
+	  if [ -f $$out.json ]; then echo "$$out.json: written before"; continue; fi; \
+	  case $$task in arith) extra="";; legs) extra="$(TAIL_LEGS)";; \
+	    *) echo "TAIL_TASKS: $$task; allowed: arith legs" >&2; exit 2;; esac; \
+	  eval $(VENV)/bin/sagc-jax eval --checkpoint $(REAL_MODEL) \
+	    --config configs/real/smollm2-arith.yaml $$extra --num 16 --samples 16 \
+	    --set sampling.max_new_tokens=$$cap --set sampling.temperature=$$t \
+	    --set sampling.top_p=$$p --set 'controller.candidates=[4,8,16]' \
+	    --out $$out.json --completions $$out.jsonl || exit 1; \
+	done; done; done
 
 # The simulator study of the calibrated workload (no model, a few seconds).
 simulate: $(STAMP)

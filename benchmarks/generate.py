@@ -3,8 +3,11 @@ same sampler decoding every row until the longest ends (the schedule of the samp
 #31) and a peer's: transformers' generate (CPU torch) or Tunix's vanilla JAX sampler
 (`--peer tunix`, the extra 'tunix').
 
-Same model (a random Llama: vocab 512, hidden 256, mlp 688, 4 layers, 8 heads, 4 kv heads, tied
-embeddings; about 3M parameters) on every side, 16-token prompts, sampling at temperature 1
+Same model on every side: a random Llama (vocab 512, hidden 256, mlp 688, 4 layers, 8 heads, 4 kv
+heads, tied embeddings; about 3M parameters), or with `--model DIR` a Hugging Face model
+directory in float32 (the real model: `--model ~/.cache/sagc-jax/models/SmolLM2-135M-Instruct`;
+forced workload and transformers only: its own end token would stop rows at different points on
+each side). Prompts of `--prompt-len` random tokens (16 by default), sampling at temperature 1
 without top-k/top-p. Workloads (`--workload`):
   * forced (default): batch 64, 128 new tokens, every row forced to generate all of them (no
     end-of-sequence stop).
@@ -80,7 +83,15 @@ def _parse():
         "--row-buckets", type=int, default=6, help="sampling.row_buckets of the live side"
     )
     parser.add_argument("--hardware", default=None, help="roofline preset (default: measure)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="a Hugging Face model directory (float32 on both sides; forced workload against "
+        "transformers) instead of the random 3M Llama",
+    )
     args = parser.parse_args()
+    if args.model and (args.workload != "forced" or args.peer != "transformers"):
+        parser.error("--model times the forced workload against transformers only")
     args.new_tokens = args.new_tokens or (128 if args.workload == "forced" else 512)
     args.batch = args.batch or {"forced": 64, "early-exit": 256, "refill": 512}[args.workload]
     return args
@@ -106,7 +117,6 @@ def main() -> None:
     from flax import nnx
     from grpo_step import EOS, add_eos_bias
     from host_roofline import roofline_hardware
-    from tunix_peer import TUNIX_ROPE_THETA
 
     from sagc_jax.config import MeshConfig
     from sagc_jax.models import load_hf_checkpoint, num_params
@@ -118,21 +128,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     transformers.logging.disable_progress_bar()  # save_pretrained's "Writing model shards"
     torch.manual_seed(0)
-    hf_config = transformers.LlamaConfig(
-        vocab_size=512,
-        hidden_size=256,
-        intermediate_size=688,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        tie_word_embeddings=True,
-        max_position_embeddings=max(512, args.prompt_len + args.new_tokens),
-        rope_theta=TUNIX_ROPE_THETA if args.peer == "tunix" else 10_000.0,
-        bos_token_id=1,
-        eos_token_id=EOS,
-        pad_token_id=0,
-    )
-    hf_model = transformers.LlamaForCausalLM(hf_config).eval()
+    if args.model:
+        hf_model = transformers.AutoModelForCausalLM.from_pretrained(
+            os.path.expanduser(args.model), dtype=torch.float32
+        ).eval()
+    else:
+        hf_model = transformers.LlamaForCausalLM(_tiny_llama(args)).eval()
+    hf_config = hf_model.config
     note = "forced"
     if args.workload != "forced":
         raise_, expected = add_eos_bias(hf_model, args.mean_length, args.new_tokens, seed=0)
@@ -276,12 +278,35 @@ def main() -> None:
             parts.append(text + f" transformers {transformers.__version__}")
         ratios = f"ratio {live_tps / static_tps:.2f}x static, {live_tps / peer_tps:.2f}x peer"
     print(
-        f"generate {note} B={args.batch} prompt={args.prompt_len} new<={args.new_tokens} "
+        f"generate {note} {os.path.basename(os.path.normpath(args.model or 'random-llama'))} "
+        f"B={args.batch} prompt={args.prompt_len} new<={args.new_tokens} "
         f"params={num_params(state) / 1e6:.2f}M row_buckets={args.row_buckets} "
         f"decode_chunk={args.decode_chunk}={chunk}: " + " | ".join(parts) + f" | {ratios} | "
         f"{len(devices)} host devices, jax {jax.__version__}"
     )
     sys.stdout.flush()
+
+
+def _tiny_llama(args):
+    """The random Llama's config (see the module's docstring)."""
+    import transformers
+    from grpo_step import EOS
+    from tunix_peer import TUNIX_ROPE_THETA
+
+    return transformers.LlamaConfig(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        tie_word_embeddings=True,
+        max_position_embeddings=max(512, args.prompt_len + args.new_tokens),
+        rope_theta=TUNIX_ROPE_THETA if args.peer == "tunix" else 10_000.0,
+        bos_token_id=1,
+        eos_token_id=EOS,
+        pad_token_id=0,
+    )
 
 
 def run_transformers(hf_model, prompts_bt, eos_ids, args) -> tuple[float, str]:

@@ -24,15 +24,20 @@ budget allows (docs/controller.md, "The value-aware controller"):
   (``reward > success_threshold``; pooled mean with half a success of prior), gives each rung
   ``prior_strength`` pseudo-groups of ``1 - E[p^G] - E[(1-p)^G]``, the only evidence a rung
   above the played one has; the estimate is then made non-decreasing in G.
-- **Cost**: the modeled seconds of a step at each rung, ``step_seconds(lengths_pg)`` (the
-  trainer and the simulator give the roofline step-time model of ``sim/steptime.py``, rollouts
-  compacting plus the update), on the lengths the controller sees: the played step's own, and
-  for a smaller rung the step's chunks of ``G'`` rollouts (a step at ``G'``, in distribution).
+- **Cost**: the modeled seconds of a step at each rung, ``step_seconds(lengths_pg,
+  signal_p)`` (the trainer and the simulator give the roofline step-time model of
+  ``sim/steptime.py``, rollouts compacting plus the update), on the lengths and rewards the
+  controller sees: the played step's own, and for a smaller rung the step's chunks of ``G'``
+  rollouts (a step at ``G'``, in distribution). ``signal_p`` marks the groups whose rewards are
+  not all equal: where the update trains only those (``train.drop_no_signal``), a group without
+  signal costs its rollouts only, so where signal is rare a larger G costs little more than its
+  decoding.
   Step times swing with the step's prompts far more than their ratios between rungs do, and only
   the ratios decide, so the controller learns the ratio of each rung's time to the rung below
   from steps that timed both (forgotten by ``gamma``). A rung above the played one is timed on
   the step's lengths repeated to ``G'`` per group (a lower bound: the same longest completion,
-  more rows); that bound's ratio counts as one pseudo-step in every ratio, so a rung never
+  more rows, the same groups with signal); that bound's ratio counts as one pseudo-step in
+  every ratio, so a rung never
   played, or not played for a while, looks cheap and is tried when the budget allows it.
 - **Decision**: ``k* = argmax_{k <= ceiling} v_k / seconds_k``; it is played when it beats the
   ceiling's signal per second by more than ``min_gain`` (relative), otherwise the ceiling.
@@ -54,14 +59,16 @@ import numpy as np
 from sagc_jax.config import ControllerConfig, SAGCPlusConfig, SAGCValueConfig
 from sagc_jax.controller.sagc_plus import SAGCPlusController, isotonic_increasing
 
-StepSeconds = Callable[[np.ndarray], float]  # lengths [P, G] -> modeled seconds of the step
+# (lengths [P, G], signal_p: bool [P] or None) -> modeled seconds of the step
+StepSeconds = Callable[[np.ndarray, np.ndarray | None], float]
 
 _MAX_CHUNKS = 4  # chunks of a smaller rung timed per step: a few give its cost in distribution
 
 
-def decode_slots(lengths_pg: np.ndarray) -> float:
+def decode_slots(lengths_pg: np.ndarray, signal_p: np.ndarray | None = None) -> float:
     """The default cost when no step-time model is given: rows x the longest completion, the
-    decode slots of a synchronous rollout (only ratios between rungs matter)."""
+    decode slots of a synchronous rollout (only ratios between rungs matter; no update, so
+    ``signal_p`` changes nothing)."""
     return float(lengths_pg.size) * float(lengths_pg.max(initial=1))
 
 
@@ -84,7 +91,7 @@ class SAGCValueController(SAGCPlusController):
 
     ``budget``: ``controller.*``; ``plus``: SAGC+'s knobs (``controller.sagc_plus``), which keep
     the budget; ``value``: ``controller.sagc_value``; ``step_seconds``: modeled seconds of a
-    step from its lengths ``[P, G]`` (None: :func:`decode_slots`).
+    step from its lengths ``[P, G]`` and its groups with signal (None: :func:`decode_slots`).
     """
 
     reward_aware = True
@@ -109,6 +116,7 @@ class SAGCValueController(SAGCPlusController):
         self.timed = np.zeros(k)  # effective steps behind each entry of log_ratio
         self.log_bound = np.zeros(k)  # the same, of the last step's lower bounds
         self.ceiling = self.rung  # SAGC+'s rung at the last decision
+        self._step_rewards_pg = None  # the observed step's rewards, for its timing only
 
     # ------------------------------------------------------------------ estimates
 
@@ -168,6 +176,7 @@ class SAGCValueController(SAGCPlusController):
     def _learn_rewards(self, rewards_pg: np.ndarray, finished_pg: np.ndarray | None) -> None:
         """Signal trials of every rung up to the played G, and the success moments, from the
         groups whose rollouts all finished (a cut group's rewards are of unfinished text)."""
+        self._step_rewards_pg = rewards_pg
         gamma = self.value.gamma
         kept = rewards_pg if finished_pg is None else rewards_pg[finished_pg.all(axis=1)]
         num_groups, g = kept.shape
@@ -198,7 +207,8 @@ class SAGCValueController(SAGCPlusController):
         self, group_size: int, s_t: float, lengths_pg: np.ndarray, finished_pg=None
     ) -> dict[str, Any]:
         metrics = super()._learn(group_size, s_t, lengths_pg, finished_pg)
-        self._learn_seconds(lengths_pg)
+        self._learn_seconds(lengths_pg, self._step_rewards_pg)
+        self._step_rewards_pg = None
         return {
             **metrics,
             "ceiling_group_size": self.candidates[self.ceiling],
@@ -206,22 +216,29 @@ class SAGCValueController(SAGCPlusController):
             "step_seconds": self.seconds(),
         }
 
-    def _learn_seconds(self, lengths_pg: np.ndarray) -> None:
-        """Step-time ratios between adjacent rungs from this step's lengths: measured where
-        both rungs are at most the played G (its chunks), a lower bound above it."""
+    def _learn_seconds(self, lengths_pg: np.ndarray, rewards_pg: np.ndarray | None) -> None:
+        """Step-time ratios between adjacent rungs from this step's lengths and rewards (None:
+        every group counts as having signal): measured where both rungs are at most the played
+        G (its chunks, each with its own groups with signal), a lower bound above it."""
         gamma = self.value.gamma
         g = lengths_pg.shape[1]
+
+        def seconds(columns) -> float:
+            lengths = lengths_pg[:, columns]
+            if rewards_pg is None:
+                return self.step_seconds(lengths, None)
+            rewards = rewards_pg[:, columns]
+            return self.step_seconds(lengths, rewards.max(axis=1) > rewards.min(axis=1))
+
         log_t = []
         for g_k in self.candidates:
             if g_k <= g:
                 chunks = min(g // g_k, _MAX_CHUNKS)
-                t = sum(
-                    self.step_seconds(lengths_pg[:, c * g_k : (c + 1) * g_k]) for c in range(chunks)
-                )
+                t = sum(seconds(slice(c * g_k, (c + 1) * g_k)) for c in range(chunks))
                 log_t.append(math.log(max(t / chunks, 1e-12)))
             else:
-                tiled = np.tile(lengths_pg, (1, math.ceil(g_k / g)))[:, :g_k]
-                log_t.append(math.log(max(self.step_seconds(tiled), 1e-12)))
+                tiled = np.arange(g_k) % g  # the step's columns repeated to g_k
+                log_t.append(math.log(max(seconds(tiled), 1e-12)))
         log_r = np.diff(log_t, prepend=0.0)
         self.log_bound = log_r
         self.timed *= gamma

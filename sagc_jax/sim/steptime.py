@@ -154,11 +154,13 @@ class StepTimer:
         return StepTime(**rollout, update=update)
 
     def step_seconds(self, prompt_tokens: int, regime: str = "compacting"):
-        """A function of a step's lengths ``[P, G]`` giving its modeled seconds, rollouts in
-        ``regime`` plus the update: the cost the value-aware controller weighs."""
+        """A function of a step's lengths ``[P, G]`` (and optionally ``signal_p``, bool [P]: the
+        groups whose rewards are not all equal) giving its modeled seconds, rollouts in
+        ``regime`` plus the update (over the groups with signal with ``signal_only``): the cost
+        the value-aware controller weighs."""
 
-        def seconds(lengths_pg) -> float:
-            step = self(lengths_pg, prompt_tokens)
+        def seconds(lengths_pg, signal_p=None) -> float:
+            step = self(lengths_pg, prompt_tokens, signal_p=signal_p)
             return float(getattr(step, regime) + step.update)
 
         return seconds

@@ -16,7 +16,7 @@ from sagc_jax.controller.sagc_value import beta_moment, decode_slots
 from sagc_jax.sim.worlds import TailWorld, oracle, rates_table
 
 
-def overhead_seconds(lengths_pg):
+def overhead_seconds(lengths_pg, signal_p=None):
     """A step of 64 rollouts costs twice a step of none: a fixed part and a part per row."""
     return 1.0 + lengths_pg.size / 64.0
 
@@ -186,7 +186,7 @@ def test_told_its_signal_per_second_is_flat_it_is_sagc_plus():
     def alternating(t, shape, rng):
         return np.tile([1.0, 0.0], (shape[0], shape[1] // 2))
 
-    def flat(lengths_pg):
+    def flat(lengths_pg, signal_p):
         return 1.0 - 1.0 / lengths_pg.shape[1]
 
     world = straggle_world()
@@ -200,6 +200,56 @@ def test_told_its_signal_per_second_is_flat_it_is_sagc_plus():
     gs, _ = drive(value(step_seconds=flat), world, alternating, 80, np.random.default_rng(6))
     np.testing.assert_array_equal(gs, plus_gs)
     assert len(set(gs.tolist())) > 1
+
+
+def test_each_rung_is_timed_with_its_own_groups_with_signal():
+    """The cost of a rung is asked with the signal of the groups it would have: a chunk of G'
+    rollouts has signal when its own rewards differ; a rung above the played one is timed on
+    the step's columns repeated, the same groups with signal."""
+    calls = []
+
+    def recording(lengths_pg, signal_p):
+        calls.append((lengths_pg.shape[1], None if signal_p is None else signal_p.tolist()))
+        return 1.0 + lengths_pg.size
+
+    c = value(g_init=8, step_seconds=recording)
+    assert c.propose() == 8
+    rewards = np.zeros((2, 8))
+    rewards[0, 1] = 1.0  # group 0: its first chunk of 4 varies, its second does not
+    c.observe(StepObservation.of_groups(np.full((2, 8), 10), rewards_pg=rewards))
+    assert calls == [
+        (4, [True, False]),
+        (4, [False, False]),
+        (8, [True, False]),
+        (16, [True, False]),
+    ]
+    calls.clear()
+    c = value(g_init=8, step_seconds=recording)
+    c.propose()
+    c.observe(StepObservation.of_groups(np.full((2, 8), 10)))  # no rewards: every group counts
+    assert calls == [(4, None), (4, None), (8, None), (16, None)]
+
+
+def test_groups_without_signal_make_a_larger_rung_cheap_when_the_update_skips_them():
+    """A step costs 1 per decoded row plus 10 per row trained, and only groups with signal are
+    trained: with rewards all equal every rung costs its decoding alone (ratio 2 from rung to
+    rung); given no rewards it counts every row as trained (ratio about 2 as well, but 11x the
+    seconds)."""
+
+    def signal_only(lengths_pg, signal_p):
+        trained = lengths_pg.shape[0] if signal_p is None else int(np.count_nonzero(signal_p))
+        return lengths_pg.size + 10.0 * trained * lengths_pg.shape[1]
+
+    quiet, counted = (
+        value(g_init=16, step_seconds=signal_only),
+        value(g_init=16, step_seconds=signal_only),
+    )
+    lengths = np.full((4, 16), 10)
+    quiet.propose(), counted.propose()
+    quiet.observe(StepObservation.of_groups(lengths, rewards_pg=np.zeros((4, 16))))
+    counted.observe(StepObservation.of_groups(lengths))
+    np.testing.assert_allclose(quiet.seconds(), [16.0, 32.0, 64.0])
+    np.testing.assert_allclose(counted.seconds(), [176.0, 352.0, 704.0])
 
 
 # ---------------------------------------------------------------- budget
