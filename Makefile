@@ -57,7 +57,7 @@ TAIL_SAMPLING ?= 1.0:1.0 0.7:0.95 0.6:0.95
 TAIL_LEGS := --set data.rg_dataset=leg_counting \
 	--set 'data.rg_config={min_animals: 1, max_animals: 2, max_instances: 3}'
 real-tail: real-model
-	@for task in $(TAIL_TASKS); do for cap in $(TAIL_CAPS); do for tp in $(TAIL_SAMPLING); do \
+	@for cap in $(TAIL_CAPS); do for task in $(TAIL_TASKS); do for tp in $(TAIL_SAMPLING); do \
 	  t=$${tp%:*}; p=$${tp#*:}; out=$(TAIL_DIR)/$$task-cap$$cap-t$$t-p$$p; \
 	  if [ -f $$out.json ]; then echo "$$out.json: written before"; continue; fi; \
 	  case $$task in arith) extra="";; legs) extra="$(TAIL_LEGS)";; \
