@@ -127,7 +127,9 @@ def worlds(steps: int, prompts: int, seed: int) -> dict:
             RewardWorld(lambda t: 0.01, 20.0, prompts, seed),
         ),
         "drift_down/rising": (
-            TailWorld(lambda t: 0.08 - 0.075 * t / last, steps, CANDIDATES, TAU, prompts, seed),
+            TailWorld(
+                lambda t: 0.08 - 0.075 * t / last, steps, CANDIDATES, TAU, prompts, seed=seed
+            ),
             RewardWorld(lambda t: 0.002 + 0.248 * t / last, 20.0, prompts, seed),
         ),
     }
