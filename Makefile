@@ -49,7 +49,8 @@ real-train: real-model
 # samples of basic_arithmetic (the real config's task: one step) and of leg_counting with one or
 # two kinds of animal (a product per kind, then a sum: several steps), at each cap and
 # temperature/top-p; every completion in $(TAIL_DIR)/TASK-capC-tT-pP.jsonl with its length
-# histogram (.png) and the figures in .json. Rerunning skips what is written.
+# histogram (.png) and the figures in .json; last, a table of every setting's figures. Rerunning
+# skips what is written.
 TAIL_DIR ?= runs/real-tail
 TAIL_TASKS ?= arith legs
 TAIL_CAPS ?= 512 256
@@ -68,6 +69,7 @@ real-tail: real-model
 	    --set sampling.top_p=$$p --set 'controller.candidates=[4,8,16]' \
 	    --out $$out.json --completions $$out.jsonl || exit 1; \
 	done; done; done
+	$(PY) -c "from sagc_jax.analysis.tail import tail_table; print(tail_table('$(TAIL_DIR)'))"
 
 # The simulator study of the calibrated workload (no model, a few seconds).
 simulate: $(STAMP)

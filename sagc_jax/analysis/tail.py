@@ -103,3 +103,36 @@ def plot_lengths(lengths_pk: np.ndarray, tail: dict, path: Path) -> Path:
     ax.legend()
     save(fig, path.name)
     return path
+
+
+TABLE_COLUMNS = (
+    ("length_median", "median", "{:.0f}"),
+    ("length_mean", "mean", "{:.1f}"),
+    ("length_p90", "p90", "{:.0f}"),
+    ("at_cap", "at the cap", "{:.1%}"),
+    ("solved", "solved", "{:.1%}"),
+    ("prompts_none_solved", "prompts none solved", "{:.0%}"),
+    ("straggle@4", "straggle G=4", "{:.2f}"),
+    ("straggle@8", "G=8", "{:.2f}"),
+    ("straggle@16", "G=16", "{:.2f}"),
+    ("no_signal@4", "no signal G=4", "{:.2f}"),
+    ("no_signal@8", "G=8", "{:.2f}"),
+    ("no_signal@16", "G=16", "{:.2f}"),
+    ("sync_decode@16", "sync decode G=16", "{:.1f}x"),
+)
+
+
+def tail_table(out_dir: Path) -> str:
+    """A markdown table of every ``*.json`` that ``sagc-jax eval --out --completions`` wrote in
+    ``out_dir`` (one row per file, named by its stem; its ``tail/*`` figures, "-" where one is
+    missing)."""
+    head = "| setting | " + " | ".join(label for _, label, _ in TABLE_COLUMNS) + " |"
+    rows = [head, "|" + " --- |" * (len(TABLE_COLUMNS) + 1)]
+    for path in sorted(Path(out_dir).glob("*.json")):
+        record = json.loads(path.read_text())
+        cells = [
+            fmt.format(record[f"tail/{key}"]) if f"tail/{key}" in record else "-"
+            for key, _, fmt in TABLE_COLUMNS
+        ]
+        rows.append(f"| {path.stem} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from sagc_jax.analysis.tail import tail_summary, write_completions
+from sagc_jax.analysis.tail import tail_summary, tail_table, write_completions
 
 # 2 prompts x 4 samples under a cap of 100: prompt 0 has one runaway (100: at the cap) among
 # 10s; prompt 1 is even. Rewards: prompt 0 one right, prompt 1 none.
@@ -52,3 +52,15 @@ def test_completions_written_one_per_line_with_a_histogram(tmp_path):
     assert lines[5] == {"prompt": 1, "sample": 1, "length": 20, "reward": 0.0, "truncated": False}
     assert plot == tmp_path / "out" / "c.png" and plot.stat().st_size > 0
     assert sorted(p.name for p in plot.parent.iterdir()) == ["c.jsonl", "c.png"]
+
+
+def test_the_table_has_a_row_per_setting_written(tmp_path):
+    tail = tail_summary(LENGTHS_PK, REWARDS_PK, cap=100, groups=(4,), tau=3.0)
+    record = {"eval/accuracy": 0.125, **{f"tail/{k}": v for k, v in tail.items()}}
+    (tmp_path / "b-cap100.json").write_text(json.dumps(record))
+    (tmp_path / "a-cap100.json").write_text(json.dumps({"eval/accuracy": 0.0}))
+    lines = tail_table(tmp_path).splitlines()
+    assert len(lines) == 4 and lines[2].startswith("| a-cap100 | - |")
+    row = lines[3].split(" | ")
+    assert row[0] == "| b-cap100" and row[1] == "20" and row[4] == "12.5%"  # median, at the cap
+    assert row[7] == "0.50" and row[8] == "-"  # straggle@4; G = 8 did not fit 4 samples
