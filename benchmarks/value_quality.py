@@ -18,10 +18,10 @@ steady/nearly_none (mu = 0.01, c = 20) and drift_down/rising (the tail falls, q 
 0.005, while mu rises from 0.002 to 0.25). Ladder [4, 8, 16], tau 3, delta 0.2, 16 groups per
 step (the training study's size), 80 steps. A step's cost is its modeled seconds by the
 project's step-time model (``sim/steptime.py``: Qwen2.5-3B on one H100, compacting rollouts plus
-the update, prompts of 256 tokens) on the lengths and rewards drawn at the played G, the update
-over the groups whose rewards are not all equal (the trainer's default, ``train.drop_no_signal``);
-the signal of a group of G is ``v(G) = P_nz(G) (1 - 1/G)`` with the true
-``P_nz(G) = 1 - E[p^G] - E[(1-p)^G]``.
+the update, prompts of 256 tokens; ``--regime synchronous``: every row decodes until the step's
+longest ends) on the lengths and rewards drawn at the played G, the update over the groups whose
+rewards are not all equal (the trainer's default, ``train.drop_no_signal``); the signal of a
+group of G is ``v(G) = P_nz(G) (1 - 1/G)`` with the true ``P_nz(G) = 1 - E[p^G] - E[(1-p)^G]``.
 
 The oracle knows, per step, the true straggle rates, the true ``v`` and the seconds a step at
 each G would take (the same draws), and plays the rung, or the two-rung mixture, with the most
@@ -63,12 +63,12 @@ RARE_WORLDS = ("steady/nearly_all", "steady/nearly_none", "drift_down/rising")
 SHARE_BAR = 0.95
 
 
-def step_seconds():
+def step_seconds(regime: str):
     """Modeled seconds of a step from its lengths [P, G] and its groups with signal (bool [P]):
     Qwen2.5-3B on one H100, the update over the groups with signal."""
     overrides = ["sim.hardware=h100", "sim.devices=1", "sim.model=qwen2.5-3b"]
     cfg = load_config(None, [*overrides, "sampling.max_new_tokens=1"])  # cap: the step's longest
-    return step_timer(cfg, PROMPT_TOKENS + 1).step_seconds(PROMPT_TOKENS)
+    return step_timer(cfg, PROMPT_TOKENS + 1).step_seconds(PROMPT_TOKENS, regime)
 
 
 class RewardWorld:
@@ -178,12 +178,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--prompts", type=int, default=16, help="groups per step")
     parser.add_argument("--worlds", default="", help="comma-separated world names (default: all)")
+    parser.add_argument(
+        "--regime",
+        choices=("compacting", "synchronous"),
+        default="compacting",
+        help="how the modeled rollouts decode: only the rows still running (the sampler), or "
+        "every row until the step's longest ends",
+    )
     args = parser.parse_args()
     start = time.perf_counter()
-    timer = step_seconds()
+    timer = step_seconds(args.regime)
     print(
         f"# value_quality: {args.seeds} seeds, {args.steps} steps, {args.prompts} groups per "
-        f"step, ladder {list(CANDIDATES)}, tau {TAU}, delta {DELTA}; "
+        f"step, ladder {list(CANDIDATES)}, tau {TAU}, delta {DELTA}, {args.regime} rollouts; "
         f"{platform.processor() or platform.machine()}, {time.strftime('%Y-%m-%d')}\n"
     )
     columns = ("straggler rate", "excess over allowed", "signal per s", "regret", "mean G")
