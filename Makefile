@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: train test test-heavy test-fast simulate experiment soak lint clean clean-runs real-model real-train real-tail
+.PHONY: train test test-heavy test-fast simulate experiment soak lint clean clean-runs real-model real-train real-tail real-study
 
 # (Re)install when pyproject.toml changes; the venv is created on first use. The demo needs the
 # package alone; the tests (and lint) add the dev extra: pytest, ruff, CPU PyTorch, transformers.
@@ -70,6 +70,16 @@ real-tail: real-model
 	    --out $$out.json --completions $$out.jsonl || exit 1; \
 	done; done; done
 	$(PY) -c "from sagc_jax.analysis.tail import tail_table; print(tail_table('$(TAIL_DIR)'))"
+
+# The controller study on the real model (docs/experiments/real-straggler.md): fixed G = 4, 8,
+# 16, SAGC+ and sagc_value on the same 3 seeds, GRPO, 30 steps each on the setting the tail
+# measurement chose (configs/real/smollm2-study.yaml). Planned at about 8-10 hours of this 2-core
+# machine; rerunning resumes whatever is unfinished, finished runs are only read.
+REAL_STUDY_DIR ?= runs/real-study
+real-study: real-model
+	$(VENV)/bin/sagc-jax compare --config configs/real/smollm2-study.yaml \
+		--set model.hf_checkpoint=$(REAL_MODEL) --set logging.run_dir=$(REAL_STUDY_DIR) --seeds 3 \
+		--controllers fixed:4,fixed:8,fixed:16,sagc_plus,sagc_value
 
 # The simulator study of the calibrated workload (no model, a few seconds).
 simulate: $(STAMP)

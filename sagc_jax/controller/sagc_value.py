@@ -31,26 +31,26 @@ budget allows (docs/controller.md, "The value-aware controller"):
   rollouts (a step at ``G'``, in distribution). ``signal_p`` marks the groups whose rewards are
   not all equal: where the update trains only those (``train.drop_no_signal``), a group without
   signal costs its rollouts only, so where signal is rare a larger G costs little more than its
-  decoding.
-  Step times swing with the step's prompts far more than their ratios between rungs do, and only
-  the ratios decide, so the controller learns the ratio of each rung's time to the rung below
-  from steps that timed both (forgotten by ``gamma``). A rung above the played one is timed on
-  the step's lengths repeated to ``G'`` per group (a lower bound: the same longest completion,
-  more rows, the same groups with signal); that bound's ratio counts as one pseudo-step in
-  every ratio, so a rung never
-  played, or not played for a while, looks cheap and is tried when the budget allows it.
+  decoding. Step times swing with the step's prompts far more than their ratios between rungs
+  do, and only the ratios decide, so the controller learns the ratio of each rung's expected time
+  to the rung below's as a ratio of sums over the steps that timed both (forgotten by ``gamma``):
+  the ratio of expected seconds, which signal per second needs, where a mean of per-step ratios
+  would miss the rare step whose straggler only the larger rung drew. A rung not timed by a
+  step keeps what it learned. A rung above the played one is timed on the step's lengths
+  repeated to ``G'`` per group (a lower bound: the same longest completion, more rows, the same
+  groups with signal); that bound counts as one pseudo-step in its ratio, so a rung never played
+  looks cheap and is tried when the budget allows it.
 - **Decision**: ``k* = argmax_{k <= ceiling} v_k / seconds_k``; it is played when it beats the
   ceiling's signal per second by more than ``min_gain`` (relative), otherwise the ceiling.
   Before any reward is seen, or when no observation carries rewards, it is SAGC+ exactly.
 
 Deterministic (no random generator); ``state_dict()`` holds SAGC+'s state and the signal
-counts, the success moments and the step-time ratios. ``step_seconds`` is configuration,
+counts, the success moments and the step-time sums. ``step_seconds`` is configuration,
 not state: give the restored controller the same one.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -112,9 +112,11 @@ class SAGCValueController(SAGCPlusController):
         # success model: decayed [groups, sum share, sum share^2, sum 1/G, successes, rollouts]
         self.success = np.zeros(6)
         # log step seconds: [0] of the smallest rung, [k] of rung k over rung k - 1
-        self.log_ratio = np.zeros(k)
-        self.timed = np.zeros(k)  # effective steps behind each entry of log_ratio
-        self.log_bound = np.zeros(k)  # the same, of the last step's lower bounds
+        # decayed sums over the steps that timed rung k and the rung below it: of rung k's
+        # seconds and of the rung below's ([0]: the smallest rung's seconds and the steps)
+        self.seconds_sum = np.zeros(k)
+        self.below_sum = np.zeros(k)
+        self.last_seconds = np.zeros(k)  # the last step's seconds per rung (bounds above it)
         self.ceiling = self.rung  # SAGC+'s rung at the last decision
         self._step_rewards_pg = None  # the observed step's rewards, for its timing only
 
@@ -147,16 +149,17 @@ class SAGCValueController(SAGCPlusController):
 
     def seconds(self) -> np.ndarray:
         """Estimated modeled seconds of a step at each rung (0 before any step); ``[K]``."""
-        if self.timed[0] <= 0.0:
+        if self.below_sum[0] <= 0.0:
             return np.zeros(len(self.candidates))
-        w = self.timed
-        return np.exp(np.cumsum((w * self.log_ratio + self.log_bound) / (w + 1.0)))
+        below = np.concatenate([[1.0], self.last_seconds[:-1]])
+        ratio = (self.seconds_sum + self.last_seconds) / (self.below_sum + below)
+        return np.cumprod(ratio)
 
     def signal_per_second(self) -> np.ndarray:
         """``v(G) / seconds(G)`` per rung (0 before any step); ``[K]``."""
         v_k = self.signal_probability() * (1.0 - 1.0 / self.sizes_k)
         seconds = self.seconds()
-        return v_k / seconds if self.timed[0] > 0.0 else np.zeros_like(v_k)
+        return v_k / seconds if self.below_sum[0] > 0.0 else np.zeros_like(v_k)
 
     # ------------------------------------------------------------------ decisions
 
@@ -217,9 +220,10 @@ class SAGCValueController(SAGCPlusController):
         }
 
     def _learn_seconds(self, lengths_pg: np.ndarray, rewards_pg: np.ndarray | None) -> None:
-        """Step-time ratios between adjacent rungs from this step's lengths and rewards (None:
-        every group counts as having signal): measured where both rungs are at most the played
-        G (its chunks, each with its own groups with signal), a lower bound above it."""
+        """This step's seconds at each rung from its lengths and rewards (None: every group
+        counts as having signal), added to the sums of the rungs it timed: measured where the
+        rung is at most the played G (its chunks, each with its own groups with signal), a lower
+        bound above it (``last_seconds`` only)."""
         gamma = self.value.gamma
         g = lengths_pg.shape[1]
 
@@ -230,22 +234,23 @@ class SAGCValueController(SAGCPlusController):
             rewards = rewards_pg[:, columns]
             return self.step_seconds(lengths, rewards.max(axis=1) > rewards.min(axis=1))
 
-        log_t = []
+        t_k = []
         for g_k in self.candidates:
             if g_k <= g:
                 chunks = min(g // g_k, _MAX_CHUNKS)
                 t = sum(seconds(slice(c * g_k, (c + 1) * g_k)) for c in range(chunks))
-                log_t.append(math.log(max(t / chunks, 1e-12)))
+                t_k.append(t / chunks)
             else:
                 tiled = np.arange(g_k) % g  # the step's columns repeated to g_k
-                log_t.append(math.log(max(seconds(tiled), 1e-12)))
-        log_r = np.diff(log_t, prepend=0.0)
-        self.log_bound = log_r
-        self.timed *= gamma
+                t_k.append(seconds(tiled))
+        t_k = np.array(t_k)
+        self.last_seconds = t_k
         measured = self.sizes_k <= g
-        w = self.timed[measured]
-        self.log_ratio[measured] = (w * self.log_ratio[measured] + log_r[measured]) / (w + 1.0)
-        self.timed[measured] = w + 1.0
+        self.seconds_sum[measured] *= gamma  # a rung not timed keeps what it learned
+        self.below_sum[measured] *= gamma
+        below = np.concatenate([[1.0], t_k[:-1]])
+        self.seconds_sum[measured] += t_k[measured]
+        self.below_sum[measured] += below[measured]
 
     # ------------------------------------------------------------------ state
 
@@ -255,14 +260,21 @@ class SAGCValueController(SAGCPlusController):
             "signal": self.signal.copy(),
             "groups": self.groups.copy(),
             "success": self.success.copy(),
-            "log_ratio": self.log_ratio.copy(),
-            "timed": self.timed.copy(),
-            "log_bound": self.log_bound.copy(),
+            "seconds_sum": self.seconds_sum.copy(),
+            "below_sum": self.below_sum.copy(),
+            "last_seconds": self.last_seconds.copy(),
             "ceiling": self.ceiling,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The state of :meth:`state_dict`. A state saved before the step times were learned as
+        ratios of sums (``log_ratio``, ``timed``, ``log_bound``) restores all but them: they are
+        learned again from the next step (until then the controller plays SAGC+'s rung)."""
         super().load_state_dict(state)
-        for key in ("signal", "groups", "success", "log_ratio", "timed", "log_bound"):
+        timing = ("seconds_sum", "below_sum", "last_seconds")
+        for key in ("signal", "groups", "success", *timing):
+            if key in timing and "log_ratio" in state:
+                setattr(self, key, np.zeros(len(self.candidates)))
+                continue
             setattr(self, key, np.array(state[key], dtype=np.float64))
         self.ceiling = int(state["ceiling"])

@@ -252,6 +252,42 @@ def test_groups_without_signal_make_a_larger_rung_cheap_when_the_update_skips_th
     np.testing.assert_allclose(counted.seconds(), [176.0, 352.0, 704.0])
 
 
+def test_step_times_are_learned_as_a_ratio_of_expected_seconds():
+    """Synchronous cost (rows x the step's longest), G = 8 played: in one step of two a
+    straggler falls in the second chunk of 4 only. Per step the G = 8 / G = 4 ratio is 2 or
+    3.6 (mean 2.8); the controller learns the ratio of the sums, of expected seconds (3.4 here,
+    the last step counted once more as its pseudo-step)."""
+
+    def synchronous(lengths_pg, signal_p):
+        return float(lengths_pg.size * lengths_pg.max())
+
+    c = value(step_seconds=synchronous, gamma=1.0)
+    plain, straggled = np.full((4, 8), 10), np.full((4, 8), 10)
+    straggled[0, 5] = 100  # in the second chunk of 4 only
+    for lengths in (plain, straggled) * 3:
+        c._learn_seconds(lengths, None)  # what observe() does with a step played at G = 8
+    t4 = [16 * 10, (16 * 10 + 16 * 100) / 2]  # G = 4: the mean of the step's two chunks
+    t8 = [32 * 10, 32 * 100]
+    expected = (3 * sum(t8) + t8[1]) / (3 * sum(t4) + t4[1])
+    assert c.seconds()[1] / c.seconds()[0] == pytest.approx(expected, rel=1e-12)
+    per_step = np.mean([t8[0] / t4[0], t8[1] / t4[1]])
+    assert expected == pytest.approx(3.44) and per_step == pytest.approx(2.82, abs=0.01)
+
+
+def test_a_state_saved_with_log_ratios_restores_all_but_the_step_times():
+    c = value()
+    c.propose()
+    c.observe(StepObservation.of_groups(np.full((4, 8), 10), rewards_pg=np.zeros((4, 8))))
+    state = c.state_dict()
+    old = {k: v for k, v in state.items() if k not in ("seconds_sum", "below_sum", "last_seconds")}
+    old.update(log_ratio=np.zeros(3), timed=np.ones(3), log_bound=np.zeros(3))
+    restored = value()
+    restored.load_state_dict(old)
+    np.testing.assert_array_equal(restored.signal, c.signal)
+    assert restored.seconds().tolist() == [0.0, 0.0, 0.0]  # learned again from the next step
+    assert restored.propose() == c.propose()  # until then SAGC+'s rung
+
+
 # ---------------------------------------------------------------- budget
 
 
