@@ -111,7 +111,6 @@ class SAGCValueController(SAGCPlusController):
         self.groups = np.zeros(k)  # effective groups, per rung
         # success model: decayed [groups, sum share, sum share^2, sum 1/G, successes, rollouts]
         self.success = np.zeros(6)
-        # log step seconds: [0] of the smallest rung, [k] of rung k over rung k - 1
         # decayed sums over the steps that timed rung k and the rung below it: of rung k's
         # seconds and of the rung below's ([0]: the smallest rung's seconds and the steps)
         self.seconds_sum = np.zeros(k)
