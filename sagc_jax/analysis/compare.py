@@ -11,6 +11,7 @@ from pathlib import Path
 from sagc_jax.analysis.study import CALIBRATION, format_paired, format_rows, plot_study, study
 from sagc_jax.config import Config, from_dict, parse_controller_spec, to_dict
 from sagc_jax.planning.plan import step_timer
+from sagc_jax.tasks.source import with_resolved_buckets
 from sagc_jax.train.loop import Trainer
 from sagc_jax.train.metrics import read_metrics
 from sagc_jax.train.safety.faults import Interrupted, phase, resume_hint
@@ -63,6 +64,7 @@ def compare(
             with phase(what, f"finished runs are kept in {out_dir}; {hint}"):
                 with phase("start-up"):
                     trainer = Trainer(run_config(cfg, spec, seed, steps), run_dir)
+                timed_cfg = with_resolved_buckets(cfg, trainer.source)  # "auto": the data's
                 try:
                     done = "already done, " if trainer.finished else ""
                     resumed = f"resuming from step {trainer.step}, " if trainer.step else ""
@@ -77,7 +79,8 @@ def compare(
                         f"its checkpoint is saved in {run_dir}; {hint}",
                     )
             per_run[(spec, seed)] = read_metrics(run_dir)
-    timer = step_timer(cfg, max(cfg.sampling.prompt_buckets) + cfg.sampling.max_new_tokens)
+    buckets = timed_cfg.sampling.prompt_buckets
+    timer = step_timer(timed_cfg, max(buckets) + cfg.sampling.max_new_tokens)
     result = study(per_run, controllers, seeds, timer)
     c = cfg.controller
     plot_study(per_run, controllers, seeds, timer, out_dir, candidates=c.candidates, delta=c.delta)

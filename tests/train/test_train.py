@@ -413,6 +413,8 @@ def test_compare_and_report_commands(tmp_path, capsys, monkeypatch):
         "--set",
         "train.eval_size=4",
         "--set",
+        "sampling.prompt_buckets=auto",  # resolved from the data for the modeled times too
+        "--set",
         f"logging.run_dir={out}",
         "--controllers",
         "fixed:2,sagc",
