@@ -73,7 +73,7 @@ real-tail: real-model
 
 # The controller study on the real model (docs/experiments/real-straggler.md): fixed G = 4, 8,
 # 16, SAGC+ and sagc_value on the same 3 seeds, GRPO, 30 steps each on the setting the tail
-# measurement chose (configs/real/smollm2-study.yaml). Planned at about 8-10 hours of this 2-core
+# measurement chose (configs/real/smollm2-study.yaml). Planned at about 9 hours of this 2-core
 # machine; rerunning resumes whatever is unfinished, finished runs are only read.
 REAL_STUDY_DIR ?= runs/real-study
 real-study: real-model
