@@ -47,7 +47,7 @@ import numpy as np
 from controller_quality import cell  # a mean ± its 95% CI, as that table prints it
 
 from sagc_jax.config import ControllerConfig, load_config
-from sagc_jax.controller import StepObservation, make_controller
+from sagc_jax.controller import StepObservation, make_controller, varied_groups
 from sagc_jax.controller.sagc_value import beta_moment
 from sagc_jax.planning.plan import step_timer
 from sagc_jax.sim.worlds import TailWorld, rates_table
@@ -135,11 +135,6 @@ def worlds(steps: int, prompts: int, seed: int) -> dict:
     }
 
 
-def signal_of(rewards_pg: np.ndarray) -> np.ndarray:
-    """bool [P]: the groups whose rewards are not all equal (the update trains only those)."""
-    return rewards_pg.max(axis=1) > rewards_pg.min(axis=1)
-
-
 def best_ratio(p_k, v_k, t_k, delta: float) -> tuple[float, float, float]:
     """``(signal, seconds, rate)`` of the rung or two-rung mixture with the most signal per
     second whose expected straggle rate meets delta (the smallest rung when none does)."""
@@ -214,7 +209,7 @@ def main() -> None:
             seconds_tk = np.array(
                 [
                     [
-                        timer(tails.lengths(t, g), signal_of(rewards.rewards(t, g)))
+                        timer(tails.lengths(t, g), varied_groups(rewards.rewards(t, g)))
                         for g in CANDIDATES
                     ]
                     for t in range(args.steps)

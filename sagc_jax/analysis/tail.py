@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sagc_jax.controller import varied_groups
 from sagc_jax.controller.observation import group_ratios
 
 
@@ -52,7 +53,7 @@ def tail_summary(
         lengths_ng = lengths_pk[:, :used].reshape(-1, g)
         rewards_ng = rewards_pk[:, :used].reshape(-1, g)
         out[f"straggle@{g}"] = float(np.mean(group_ratios(lengths_ng) > tau))
-        out[f"no_signal@{g}"] = float(np.mean(np.ptp(rewards_ng, axis=1) == 0))
+        out[f"no_signal@{g}"] = 1.0 - float(np.mean(varied_groups(rewards_ng)))
         out[f"sync_decode@{g}"] = float(g * lengths_ng.max(axis=1).sum() / lengths_ng.sum())
     return out
 

@@ -58,6 +58,7 @@ import numpy as np
 
 from sagc_jax.config import ControllerConfig, SAGCPlusConfig, SAGCValueConfig
 from sagc_jax.controller.sagc_plus import SAGCPlusController, isotonic_increasing
+from sagc_jax.controller.step import varied_groups
 
 # (lengths [P, G], signal_p: bool [P] or None) -> modeled seconds of the step
 StepSeconds = Callable[[np.ndarray, np.ndarray | None], float]
@@ -192,8 +193,7 @@ class SAGCValueController(SAGCPlusController):
                 break
             chunks = g // g_k
             sub = kept[:, : chunks * g_k].reshape(num_groups * chunks, g_k)
-            varied = sub.max(axis=1) > sub.min(axis=1)
-            self.signal[k] += np.count_nonzero(varied) / chunks
+            self.signal[k] += np.count_nonzero(varied_groups(sub)) / chunks
             self.groups[k] += num_groups
         share_p = (kept > self.value.success_threshold).mean(axis=1)
         self.success += [
@@ -231,7 +231,7 @@ class SAGCValueController(SAGCPlusController):
             if rewards_pg is None:
                 return self.step_seconds(lengths, None)
             rewards = rewards_pg[:, columns]
-            return self.step_seconds(lengths, rewards.max(axis=1) > rewards.min(axis=1))
+            return self.step_seconds(lengths, varied_groups(rewards))
 
         t_k = []
         for g_k in self.candidates:

@@ -163,10 +163,13 @@ class StepObservation:
         return self.finished_b is not None and not bool(self.finished_b.all())
 
 
-def varied_groups(rewards_b, sizes_p) -> np.ndarray:
-    """bool [P]: the groups (``sizes_p`` consecutive rows each of ``rewards_b`` [B]) whose
-    rewards are not all equal: the groups with learning signal (advantages not all 0)."""
+def varied_groups(rewards_b, sizes_p=None) -> np.ndarray:
+    """bool [P]: the groups (``sizes_p`` consecutive rows each of ``rewards_b`` [B]; None:
+    ``rewards_b`` is ``[P, G]``, a group a row) whose rewards are not all equal: the groups with
+    learning signal (advantages not all 0)."""
     rewards_b = np.asarray(rewards_b)
+    if sizes_p is None:
+        return rewards_b.max(axis=1) > rewards_b.min(axis=1)
     starts = np.concatenate([[0], np.cumsum(sizes_p)[:-1]]).astype(np.int64)
     return np.maximum.reduceat(rewards_b, starts) > np.minimum.reduceat(rewards_b, starts)
 

@@ -241,7 +241,7 @@ def run_tail_batched(
                 reached_r.reshape(start, g), done_r.reshape(start, g), rewards_pg
             )
             m = controller.observe(obs)
-            signal_p = varied_groups(rewards_pg.ravel(), np.full(start, g))
+            signal_p = varied_groups(rewards_pg)
             times = timer(lengths_pg, np.repeat(tokens_p, g), keep_groups=num, signal_p=signal_p)
             queue.extend((drawn, int(row), t) for row in np.flatnonzero(~kept_g))
             rec["started"][t], rec["deferred"][t] = start, start - num
