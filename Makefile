@@ -79,7 +79,7 @@ REAL_STUDY_DIR ?= runs/real-study
 real-study: real-model
 	$(VENV)/bin/sagc-jax compare --config configs/real/smollm2-study.yaml \
 		--set model.hf_checkpoint=$(REAL_MODEL) --set logging.run_dir=$(REAL_STUDY_DIR) --seeds 3 \
-		--controllers fixed:4,fixed:8,fixed:16,sagc_plus,sagc_value
+		--controllers fixed:4,fixed:8,fixed:16,sagc_plus,sagc_value --also-hardware tpu-v5p
 
 # The simulator study of the calibrated workload (no model, a few seconds).
 simulate: $(STAMP)

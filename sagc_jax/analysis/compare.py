@@ -5,10 +5,19 @@ and paired differences (``analysis.study``)."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import signal
 from pathlib import Path
 
-from sagc_jax.analysis.study import CALIBRATION, format_paired, format_rows, plot_study, study
+from sagc_jax.analysis.study import (
+    CALIBRATION,
+    MEASURES,
+    format_accuracy_over_evals,
+    format_paired,
+    format_rows,
+    plot_study,
+    study,
+)
 from sagc_jax.config import Config, from_dict, parse_controller_spec, to_dict
 from sagc_jax.planning.plan import step_timer
 from sagc_jax.tasks.source import with_resolved_buckets
@@ -42,10 +51,12 @@ def compare(
     out_dir: Path,
     progress: bool = True,
     log=print,
+    also_hardware: tuple[str, ...] = (),
 ) -> dict:
     """Run every (controller, seed); return the study (``study.study``: per-run measures,
     per-controller rows with 95% CIs, paired differences of each adaptive controller against
-    the controllers before it).
+    the controllers before it), and under ``"also"`` the same study timed on each of
+    ``also_hardware`` (``sim.hardware`` names) besides the config's own.
 
     Seed by seed, every controller in turn: a drift of the machine's speed over the study then
     falls on every controller alike rather than on the ones that ran last.
@@ -79,9 +90,14 @@ def compare(
                         f"its checkpoint is saved in {run_dir}; {hint}",
                     )
             per_run[(spec, seed)] = read_metrics(run_dir)
-    buckets = timed_cfg.sampling.prompt_buckets
-    timer = step_timer(timed_cfg, max(buckets) + cfg.sampling.max_new_tokens)
+    length = max(timed_cfg.sampling.prompt_buckets) + cfg.sampling.max_new_tokens
+    timer = step_timer(timed_cfg, length)
     result = study(per_run, controllers, seeds, timer)
+    result["also"] = []
+    for hw in also_hardware:
+        sim = dataclasses.replace(timed_cfg.sim, hardware=hw)
+        also_timer = step_timer(dataclasses.replace(timed_cfg, sim=sim), length)
+        result["also"].append(study(per_run, controllers, seeds, also_timer))
     c = cfg.controller
     plot_study(per_run, controllers, seeds, timer, out_dir, candidates=c.candidates, delta=c.delta)
     write_tables(result, out_dir)
@@ -102,6 +118,18 @@ def format_tables(result: dict) -> str:
     if result["paired"]:
         text += "\n\nPaired differences on the same seeds (± 95% CI; x: ratio of the means):\n\n"
         text += format_paired(result["paired"], timed)
+    if result["accuracy_over_evals"]:
+        text += (
+            "\n\nHeld-out accuracy at each evaluation, the questions right over every seed "
+            "[Wilson 95% interval] (right/asked):\n\n"
+        )
+        text += format_accuracy_over_evals(result["accuracy_over_evals"])
+    modeled = [m for m in MEASURES if m[0].endswith("_s") and "wall" not in m[0]]
+    for also in result.get("also", []):
+        text += f"\n\nThe same runs timed as {also['timed']}:\n\n"
+        text += format_rows(also["rows"], modeled, timed=also["timed"])
+        if also["paired"]:
+            text += "\n\n" + format_paired(also["paired"], also["timed"], modeled_only=True)
     if result["calibration"]:
         text += (
             "\n\nThe prompt-aware controllers' straggle prediction: the share of each step's "

@@ -8,9 +8,13 @@ sampler's own; synchronous; continuous batching), because on a CPU the mix of de
 time differs from an accelerator's; the
 work done, independent of the machine (decode slots: rows x decode steps the sampler ran; update
 tokens: prompt + completion tokens trained on); time-to-accuracy, wall-clock and modeled, until
-held-out accuracy first reaches a target; the straggler rate; mean G and mean log2 G over every
-group sampled; and the mean completion length of the last steps. A step's ``lengths`` are read as
-groups of any sizes, so runs of the hybrid ``per_prompt`` mode (a size per prompt) count alike.
+held-out accuracy first reaches a target; the straggler rate; the share of groups without
+signal (rewards all equal) and of rollouts cut at the cap; mean G and mean log2 G over every
+group sampled; and the mean G and completion length of the first and of the last steps (does the
+length move over training, and G with it?). A step's ``lengths`` are read as groups of any sizes,
+so runs of the hybrid ``per_prompt`` mode (a size per prompt) count alike. Per controller and
+evaluation, the held-out questions right over every seed with a Wilson interval
+(``accuracy_over_evals``).
 
 Per controller (``study_rows``): mean and 95% confidence interval over seeds (Student t), and a
 paired comparison of every adaptive controller against each controller listed before it, on the
@@ -37,7 +41,8 @@ _T_975 = (
 )  # fmt: skip
 
 TARGET_FRACTION = 0.9  # time-to-accuracy: this share of the best fixed G's final accuracy
-LAST_STEPS = 10  # the "final" completion length: mean over this many last steps
+LAST_STEPS = 10  # "first" and "final" length and G: means over this many first or last steps
+Z_95 = 1.959964  # the normal's two-sided 95% quantile (Wilson intervals)
 
 # (key, title, format) of the per-controller table, in order; "{timed}" in a title is the step
 # timer's label (model and hardware).
@@ -48,8 +53,13 @@ MEASURES = (
     ("tta_wall_s", "time to target, wall (s)", "{:.0f}"),
     *((f"tta_{r}_s", f"time to target, modeled s, {r}", "{:.1f}") for r in REGIMES),
     ("straggler_rate", "straggler rate", "{:.3f}"),
+    ("no_signal", "groups without signal", "{:.3f}"),
+    ("at_cap", "rollouts at the cap", "{:.3f}"),
     ("mean_G", "mean G", "{:.2f}"),
     ("mean_log2_G", "mean log2 G", "{:.2f}"),
+    ("first_G", "first mean G", "{:.2f}"),
+    ("final_G", "final mean G", "{:.2f}"),
+    ("first_length", "first length", "{:.1f}"),
     ("final_length", "final length", "{:.1f}"),
     ("decode_slots_M", "decode slots (M)", "{:.2f}"),
     ("update_tokens_M", "update tokens (M)", "{:.2f}"),
@@ -164,8 +174,13 @@ def run_measures(steps: list[dict], evals: list[dict], timer: StepTimer, target:
             for regime in REGIMES
         },
         "straggler_rate": float(np.mean([r["controller/s_t"] for r in steps])),
+        "no_signal": float(np.mean(_floats(r.get("zero_variance_frac") for r in steps))),
+        "at_cap": float(np.mean(_floats(r.get("truncated_frac") for r in steps))),
         "mean_G": float(np.mean([r["group_size"] for r in steps])),
         "mean_log2_G": float(np.mean(log2_sizes)),
+        "first_G": float(np.mean([r["group_size"] for r in steps[:LAST_STEPS]])),
+        "final_G": float(np.mean([r["group_size"] for r in steps[-LAST_STEPS:]])),
+        "first_length": float(np.mean([r["length/mean"] for r in steps[:LAST_STEPS]])),
         "final_length": float(np.mean([r["length/mean"] for r in steps[-LAST_STEPS:]])),
         "decode_slots_M": slots / 1e6,
         "update_tokens_M": tokens / 1e6,
@@ -230,12 +245,64 @@ def study(per_run: dict, controllers: list[str], seeds: int, timer: StepTimer) -
             _summary_row(c, [measures[(c, s)] for s in range(seeds)], MEASURES) for c in controllers
         ],
         "paired": paired_rows(measures, controllers, seeds),
+        "accuracy_over_evals": accuracy_over_evals(per_run, controllers, seeds),
         "calibration": [
             _summary_row(c, runs, CALIBRATION)
             for c, runs in calibration.items()
             if all(m is not None for m in runs)
         ],
     }
+
+
+def wilson_interval(correct: int, total: int) -> tuple[float, float]:
+    """The Wilson score 95% interval of a binomial share ``correct / total`` (``(nan, nan)``
+    when ``total`` is 0): unlike the normal interval it stays in [0, 1] and is not empty at 0."""
+    if total <= 0:
+        return math.nan, math.nan
+    p, z2 = correct / total, Z_95 * Z_95
+    center = (p + z2 / (2 * total)) / (1 + z2 / total)
+    half = Z_95 * math.sqrt(p * (1 - p) / total + z2 / (4 * total * total)) / (1 + z2 / total)
+    return max(0.0, center - half), min(1.0, center + half)
+
+
+def accuracy_over_evals(per_run: dict, controllers: list[str], seeds: int) -> list[dict]:
+    """Per controller and evaluation step that every seed reached: the held-out questions right
+    over all seeds (``eval/accuracy`` x ``eval/prompts`` of each run, summed) and their share with
+    its Wilson 95% interval (each question of each seed one trial; the training evaluation is
+    greedy, one completion a question)."""
+    rows = []
+    for c in controllers:
+        evals = [per_run[(c, s)][1] for s in range(seeds)]
+        for i in range(min(len(e) for e in evals)):
+            records = [e[i] for e in evals]
+            if not all("eval/prompts" in r for r in records):
+                continue  # logged before the count was: no interval to give
+            total = sum(int(r["eval/prompts"]) for r in records)
+            correct = sum(round(r["eval/accuracy"] * int(r["eval/prompts"])) for r in records)
+            low, high = wilson_interval(correct, total)
+            share = correct / total if total else math.nan
+            row = {"controller": c, "step": int(records[0]["step"]), "correct": correct}
+            rows.append({**row, "total": total, "accuracy": share, "low": low, "high": high})
+    return rows
+
+
+def format_accuracy_over_evals(rows: list[dict]) -> str:
+    """Markdown: one row per controller, one column per evaluation step, each cell the share
+    right over every seed's questions and its Wilson 95% interval."""
+    steps = sorted({r["step"] for r in rows})
+    lines = [
+        "| controller | " + " | ".join(f"step {s}" for s in steps) + " |",
+        "|" + " --- |" * (len(steps) + 1),
+    ]
+    for c in dict.fromkeys(r["controller"] for r in rows):
+        cells = {
+            r["step"]: f"{r['accuracy']:.3f} [{r['low']:.3f}, {r['high']:.3f}] "
+            f"({r['correct']}/{r['total']})"
+            for r in rows
+            if r["controller"] == c
+        }
+        lines.append(f"| {c} | " + " | ".join(cells.get(s, "") for s in steps) + " |")
+    return "\n".join(lines)
 
 
 def _summary_row(controller: str, runs: list[dict], measures) -> dict:
@@ -300,17 +367,18 @@ def format_rows(rows: list[dict], measures=MEASURES, timed: str = "") -> str:
     return "\n".join(lines)
 
 
-def format_paired(rows: list[dict], timed: str = "") -> str:
+def format_paired(rows: list[dict], timed: str = "", modeled_only: bool = False) -> str:
     """Markdown: paired differences (subject - other, same seeds), mean ± 95% CI, and for the
-    times the ratio of the means."""
+    times the ratio of the means; ``modeled_only``: the modeled times alone."""
     titles = {key: title.format(timed=timed) for key, title, _ in MEASURES}
+    paired = [p for p in PAIRED if not modeled_only or (p[0].endswith("_s") and "wall" not in p[0])]
     lines = [
-        "| paired | " + " | ".join(f"Δ {titles[key]}" for key, _ in PAIRED) + " |",
-        "|" + " --- |" * (len(PAIRED) + 1),
+        "| paired | " + " | ".join(f"Δ {titles[key]}" for key, _ in paired) + " |",
+        "|" + " --- |" * (len(paired) + 1),
     ]
     for row in rows:
         cells = []
-        for key, fmt in PAIRED:
+        for key, fmt in paired:
             cell = _cell(row, key, fmt)
             if key.endswith("_s") and math.isfinite(row[f"{key}_ratio"]):
                 cell += f" (x{row[f'{key}_ratio']:.2f})"

@@ -32,6 +32,13 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seeds", type=int, default=1, help="seeds per controller")
     p.add_argument("--steps", type=int, default=None, help="step budget (default: train.steps)")
     add_timing_args(p)
+    p.add_argument(
+        "--also-hardware",
+        default="",
+        metavar="HW,...",
+        help="comma-separated sim.hardware names: the modeled times also on each of these "
+        "(compare.md gets a table per name), besides the sim section's own",
+    )
     p.set_defaults(func=cmd_compare)
 
 
@@ -44,8 +51,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
         parse_controller_spec(spec)
     if args.seeds < 1 or (args.steps is not None and args.steps < 1):
         raise UserError(f"--seeds {args.seeds} / --steps {args.steps}: both must be >= 1")
+    also = tuple(h.strip() for h in args.also_hardware.split(",") if h.strip())
+    for hw in also:  # an unknown name fails here, with the allowed ones, before any run
+        load_config(args.config, [*timing_overrides(args), f"sim.hardware={hw}"])
     out_dir = run_dir(cfg, args.config, "compare")
-    result = compare(cfg, controllers, args.seeds, args.steps, out_dir, cfg.logging.progress)
+    result = compare(
+        cfg, controllers, args.seeds, args.steps, out_dir, cfg.logging.progress, also_hardware=also
+    )
     print(format_tables(result))
     print(f"wrote compare.md, compare.csv, runs.csv and plots to {out_dir}")
     return 0

@@ -8,7 +8,9 @@ from helpers import band_limits, capture_figures, delta_lines, legend_labels
 
 from sagc_jax.analysis.run_report import plot_runs
 from sagc_jax.analysis.study import (
+    accuracy_over_evals,
     calibration_measures,
+    format_accuracy_over_evals,
     format_paired,
     format_rows,
     mean_ci,
@@ -19,6 +21,7 @@ from sagc_jax.analysis.study import (
     study,
     t_quantile,
     time_to_accuracy,
+    wilson_interval,
 )
 from sagc_jax.config.sim import SimConfig
 from sagc_jax.sim import StepTimer
@@ -63,11 +66,14 @@ def _log(accuracies_at, step_s, lengths, decode_steps=10, prompt_tokens=5):
             "controller/s_t": 0.5 if i % 2 else 0.0,
             "group_size": g,
             "length/mean": float(np.mean(np.concatenate(lengths))) + i,
+            "zero_variance_frac": 0.25 * (i % 2),
+            "truncated_frac": 0.1,
         }
         if i in accuracies_at:
             r["eval/accuracy"] = accuracies_at[i]
+            r["eval/prompts"] = 20
         steps.append(r)
-    evals = [{"step": 0, "eval/accuracy": accuracies_at.get(0, 0.0)}]
+    evals = [{"step": 0, "eval/accuracy": accuracies_at.get(0, 0.0), "eval/prompts": 20}]
     evals += [r for r in steps if "eval/accuracy" in r]
     return steps, evals
 
@@ -102,6 +108,45 @@ def test_run_measures_by_hand():
     assert m["update_tokens_M"] * 1e6 == pytest.approx(3 * (20 + 4 * 5))
     assert m["straggler_rate"] == pytest.approx(1 / 3) and m["mean_G"] == 2.0
     assert m["final_length"] == pytest.approx(5.0 + 2.0)  # mean over the last steps logged
+    assert m["first_length"] == pytest.approx(5.0 + 2.0)  # 3 steps: first and last 10 alike
+    assert m["no_signal"] == pytest.approx(0.5 / 3) and m["at_cap"] == pytest.approx(0.1)
+    assert m["first_G"] == m["final_G"] == 2.0
+
+
+def test_first_and_final_steps_show_the_length_and_g_moving():
+    steps, evals = _log({}, [1.0] * 25, [[4, 8]])
+    for r in steps[-10:]:
+        r["group_size"] = 8
+    m = run_measures(steps, evals, TIMER, target=0.4)
+    assert m["first_G"] == 2.0 and m["final_G"] == 8.0 and m["mean_G"] == pytest.approx(4.4)
+    # length/mean is the lengths' mean + the step: steps 1-10 and 16-25
+    assert m["first_length"] == pytest.approx(6.0 + 5.5)
+    assert m["final_length"] == pytest.approx(6.0 + 20.5)
+
+
+def test_wilson_interval_by_hand():
+    low, high = wilson_interval(8, 114)  # center (p + z^2/2n) / (1 + z^2/n)
+    p, z, n = 8 / 114, 1.959964, 114
+    center = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    assert (low, high) == pytest.approx((center - half, center + half))
+    assert low < p < high and low > 0
+    low, high = wilson_interval(0, 20)  # not empty at 0, unlike the normal interval
+    assert low == 0.0 and high == pytest.approx(0.1611, abs=1e-4)
+    assert wilson_interval(20, 20)[1] == 1.0 and math.isnan(wilson_interval(0, 0)[0])
+
+
+def test_accuracy_over_evals_pools_every_seeds_questions():
+    per_run = {
+        ("fixed:8", 0): _log({0: 0.1, 2: 0.25}, [1.0] * 2, [[5] * 8]),
+        ("fixed:8", 1): _log({0: 0.05, 2: 0.5}, [1.0] * 2, [[5] * 8]),
+    }
+    rows = accuracy_over_evals(per_run, ["fixed:8"], 2)
+    assert [(r["step"], r["correct"], r["total"]) for r in rows] == [(0, 3, 40), (2, 15, 40)]
+    assert (rows[1]["low"], rows[1]["high"]) == pytest.approx(wilson_interval(15, 40))
+    table = format_accuracy_over_evals(rows)
+    assert "| controller | step 0 | step 2 |" in table
+    assert f"| fixed:8 | 0.075 [{rows[0]['low']:.3f}, {rows[0]['high']:.3f}] (3/40) |" in table
 
 
 def test_study_rows_target_and_paired_table():

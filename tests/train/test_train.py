@@ -426,12 +426,19 @@ def test_compare_and_report_commands(tmp_path, capsys, monkeypatch):
         "h200",
         "--as-model",
         "qwen2.5-0.5b",
+        "--also-hardware",
+        "tpu-v5p",
     ]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "| fixed:2 |" in printed and "| sagc |" in printed and "±" in printed
     assert "modeled s, qwen2.5-0.5b on 1 x h200, synchronous" in printed
     assert "| sagc - fixed:2 |" in printed  # the paired table
+    # accuracy at every evaluation (steps 0 and 2), pooled over both seeds' 4 questions
+    assert re.search(r"^\| sagc \| [0-9.]+ \[[0-9.]+, [0-9.]+\] \(\d/8\) \|", printed, re.M)
+    # the same runs re-timed on the second accelerator, paired too
+    assert "The same runs timed as qwen2.5-0.5b on 1 x tpu-v5p:" in printed
+    assert printed.count("| sagc - fixed:2 |") == 2
     # seed by seed, every controller in turn: a drift of the machine falls on both alike
     started = re.findall(r"^compare: (\S+), seed (\d+):", printed, re.M)
     assert started == [("fixed:2", "0"), ("sagc", "0"), ("fixed:2", "1"), ("sagc", "1")]
@@ -465,3 +472,6 @@ def test_compare_and_report_commands(tmp_path, capsys, monkeypatch):
     assert delta_lines(figures["straggler_rate.png"].axes[0]) == [0.3]
     assert main(["report", str(tmp_path)]) == 2
     assert "no metrics.jsonl" in capsys.readouterr().err
+    bad = [*args[:-1], "tpu-v9"]  # refused before any run, with the names allowed
+    assert main(bad) == 2
+    assert "sim.hardware = 'tpu-v9' is not allowed" in capsys.readouterr().err
