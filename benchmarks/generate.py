@@ -119,10 +119,10 @@ def main() -> None:
     from host_roofline import roofline_hardware
 
     from sagc_jax.config import MeshConfig
+    from sagc_jax.decode_schedule import resolve_chunk
     from sagc_jax.models import load_hf_checkpoint, num_params
     from sagc_jax.parallel import ShardingPlan
     from sagc_jax.sampling import Sampler
-    from sagc_jax.sampling.schedule import resolve_chunk
     from sagc_jax.sim.roofline import model_costs, rollout_seconds
 
     torch.set_num_threads(args.threads)

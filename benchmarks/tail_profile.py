@@ -8,9 +8,9 @@ that encloses it in the HLO (the decode phases' loops, the tail's gathers and ru
 the devices and divided by their number. Printed: the regions by time, each with its thunk count;
 the ``--top`` ops of the two regions that spend the most outside any loop (the prologue, the
 gathers into the tail); and the decode iterations the call ran at each row count
-(`schedule.simulate` on its lengths, checked against the program's own count), so a loop's time
-over its iterations is its cost per iteration. This is the profile that found the tail's gather
-computed whole on every device (BENCHMARKS.md).
+(`decode_schedule.simulate` on its lengths, checked against the program's own count), so a
+loop's time over its iterations is its cost per iteration. This is the profile that found the
+tail's gather computed whole on every device (BENCHMARKS.md).
 
     .venv/bin/python benchmarks/tail_profile.py [--devices 2] [--seed 1] [--top 8]
 
@@ -78,7 +78,7 @@ def main() -> None:
     from decode_profile import _trace_counts
     from sampler_ab import build
 
-    from sagc_jax.sampling import schedule
+    from sagc_jax import decode_schedule
 
     sampler, state, prompts, lens, new = build("early-exit", args.devices)
     compiled = sampler.compile(state, *prompts.shape, max_new_tokens=new)
@@ -117,10 +117,10 @@ def main() -> None:
         print(f"ops outside the decode loops in {region}: {spent / 1e3:.1f} ms; the heaviest")
         for name, us in outside_us[region].most_common(args.top):
             print(f"  {us / 1e3:8.1f} ms  {name}")
-    plan = schedule.simulate(
+    plan = decode_schedule.simulate(
         lengths,
         new,
-        chunk=schedule.resolve_chunk(new, sampler.decode_chunk),
+        chunk=decode_schedule.resolve_chunk(new, sampler.decode_chunk),
         row_buckets=sampler.row_buckets,
         shards=sampler.shards,
     )

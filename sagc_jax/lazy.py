@@ -1,6 +1,5 @@
 """Package names that load their module on first use (PEP 562), so that importing a light
-submodule (``parallel.supervisor``, ``sampling.schedule``) does not import jax through its
-package's ``__init__``."""
+submodule (``parallel.supervisor``) does not import jax through its package's ``__init__``."""
 
 from __future__ import annotations
 

@@ -8,11 +8,10 @@ from helpers import ROOT
 # Bottom to top. A unit is a package under sagc_jax/ or a top-level module; a unit imports only
 # itself and the units of lower layers (units of one layer do not import each other).
 LAYERS = (
-    ("config", "lazy"),
+    ("config", "lazy", "decode_schedule"),
     ("rl", "models", "controller"),
-    ("tasks", "parallel"),
+    ("tasks", "parallel", "sim"),
     ("sampling",),
-    ("sim",),
     ("programs",),
     ("planning",),
     ("train",),

@@ -21,6 +21,7 @@ from jax.sharding import AbstractMesh
 
 from sagc_jax.config import Config, ConfigError
 from sagc_jax.controller import make_controller
+from sagc_jax.decode_schedule import row_rungs
 from sagc_jax.models import PRESETS, Decoder, DecoderConfig, get_preset
 from sagc_jax.models import axes as ax
 from sagc_jax.models.hf_checkpoint import hf_architecture
@@ -37,7 +38,6 @@ from sagc_jax.programs.shapes import (
 )
 from sagc_jax.programs.update import batch_spec, packed_batch_spec, packed_rows_loss, rows_loss
 from sagc_jax.rl.logprobs import chunk_positions
-from sagc_jax.sampling.schedule import row_rungs
 from sagc_jax.sim.roofline import (
     HARDWARE,
     MEASURED,

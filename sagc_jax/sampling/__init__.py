@@ -1,25 +1,18 @@
 """Generation: left-padded prompt buckets, one prefill per prompt, decode over slots whose rows
 leave the batch when they finish (see ``sampler``, its loop in ``decode`` and its order of events
-in ``schedule``), sampling functions.
+in ``sagc_jax.decode_schedule``, which the step-time model shares), sampling functions."""
 
-The names below load their module on first use, so that the step-time model (``sim``, numpy
-only) can import ``sagc_jax.sampling.schedule`` without importing jax.
-"""
+from sagc_jax.sampling.functions import filter_top_k_top_p, sample_token
+from sagc_jax.sampling.padding import DEFAULT_BUCKETS, bucket_length, left_pad
+from sagc_jax.sampling.sampler import SampleOutput, Sampler, sample
 
-from sagc_jax.lazy import lazy_names
-
-_HOMES = {
-    "filter_top_k_top_p": "functions",
-    "sample_token": "functions",
-    "DEFAULT_BUCKETS": "padding",
-    "bucket_length": "padding",
-    "left_pad": "padding",
-    "SampleOutput": "sampler",
-    "Sampler": "sampler",
-    "sample": "sampler",
-}
-
-__all__ = sorted(_HOMES)
-
-
-__getattr__, __dir__ = lazy_names(__name__, _HOMES, globals())
+__all__ = [
+    "DEFAULT_BUCKETS",
+    "SampleOutput",
+    "Sampler",
+    "bucket_length",
+    "filter_top_k_top_p",
+    "left_pad",
+    "sample",
+    "sample_token",
+]

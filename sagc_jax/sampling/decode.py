@@ -24,11 +24,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from sagc_jax.decode_schedule import REFILL_SHARE, first_rollouts
 from sagc_jax.models import Decoder, DecoderConfig, KVCache, init_cache
 from sagc_jax.models.layers import cache_blocks
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.sampling.functions import sample_token
-from sagc_jax.sampling.schedule import REFILL_SHARE, first_rollouts
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,10 +38,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from sagc_jax.decode_schedule import phase_slots, resolve_chunk, row_rungs
 from sagc_jax.models import Decoder, DecoderConfig, KVCache
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.sampling import decode
-from sagc_jax.sampling.schedule import phase_slots, resolve_chunk, row_rungs
 
 
 class SampleOutput(NamedTuple):

@@ -16,7 +16,7 @@ parallel) and each chip holds the weights it decodes with.
 - Three rollout regimes (``REGIMES``):
 
   - ``compacting``: the project's sampler (``sampling/sampler.py``), its decode iterations
-    replayed by ``sampling.schedule.simulate`` (whose docstring gives the order of events): one
+    replayed by ``decode_schedule.simulate`` (whose docstring gives the order of events): one
     prefill per prompt; ``slots`` rows decode at once and a finished row's slot takes the next
     waiting rollout; with none waiting, the rows still running are gathered into the smallest of
     ``row_buckets`` row counts that holds them. The finished rows that fill the rest of a row
@@ -39,7 +39,7 @@ import math
 
 import numpy as np
 
-from sagc_jax.sampling import schedule
+from sagc_jax import decode_schedule
 
 REGIMES = ("compacting", "synchronous", "continuous")  # the first is the sampler's own
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -187,7 +187,7 @@ def slot_schedule(lengths, slots: int) -> np.ndarray:
     """int64 [B]: the decode step at which each rollout starts when ``slots`` rows decode at
     once and a finished row's slot takes the next rollout in order (each holds its slot for as
     many steps as it has tokens)."""
-    return schedule.list_schedule(lengths, slots)
+    return decode_schedule.list_schedule(lengths, slots)
 
 
 def _prefill_seconds(costs: ModelCosts, hw: Hardware, prompts, devices: int, eff) -> float:
@@ -240,15 +240,15 @@ def group_rows(shape, group_sizes=None) -> np.ndarray:
 def cut_step(lengths, groups_r, keep_groups: int, slots: int = 0):
     """A tail-batched step of rollouts ``lengths`` [B] (the lengths they would reach; groups
     ``groups_r`` int [B], started in row order through ``slots`` slots, 0: all), stopped at
-    ``schedule.group_stop`` with ``keep_groups``: ``(stop_k, reached_r, done_r, kept_g)``:
+    ``decode_schedule.group_stop`` with ``keep_groups``: ``(stop_k, reached_r, done_r, kept_g)``:
     the stop iteration, the tokens each rollout has then (its length if done, else what it
     reached, 0 if never started), which are done, and bool [num_groups] the groups kept: the
     first ``keep_groups`` whole ones in group order (the trainer's rule: ``programs/tail.py``)."""
     lengths = np.asarray(lengths, np.int64).ravel()
     groups_r = np.asarray(groups_r, np.int64).ravel()
     slots = min(slots or lengths.size, lengths.size)
-    stop_k, done_r = schedule.group_stop(lengths, groups_r, keep_groups, slots=slots)
-    start_r = schedule.start_times(lengths, slots)
+    stop_k, done_r = decode_schedule.group_stop(lengths, groups_r, keep_groups, slots=slots)
+    start_r = decode_schedule.start_times(lengths, slots)
     reached_r = np.where(done_r, lengths, np.clip(stop_k - start_r + 1, 0, lengths))
     end_g = np.zeros(int(groups_r.max()) + 1, np.int64)
     np.maximum.at(end_g, groups_r, start_r + lengths - 1)
@@ -266,7 +266,7 @@ def _compacting(
     costs, hw, lengths, prompts, devices, eff, slots, max_new_tokens, chunk, buckets, stop=None
 ):
     """The decode of the ``compacting`` regime: ``(seconds, limit, Schedule)``; ``stop``:
-    ``(groups_r, keep_groups)`` of a tail-batched step, cut at ``schedule.group_stop``."""
+    ``(groups_r, keep_groups)`` of a tail-batched step, cut at ``decode_schedule.group_stop``."""
     lengths = np.maximum(lengths, 1)  # a completion has at least its first token
     cap = int(lengths.max()) if max_new_tokens is None else int(max_new_tokens)
     if lengths.max() > cap:
@@ -277,8 +277,8 @@ def _compacting(
     rows = min(slots or lengths.size, lengths.size)
     stop_at = None
     if stop is not None:
-        stop_at, _ = schedule.group_stop(lengths, stop[0], stop[1], slots=rows)
-    plan = schedule.simulate(
+        stop_at, _ = decode_schedule.group_stop(lengths, stop[0], stop[1], slots=rows)
+    plan = decode_schedule.simulate(
         lengths,
         cap,
         slots=rows,
@@ -321,15 +321,15 @@ def rollout_seconds(
     ``sum / slots`` and at least the longest completion; each step reads the caches of the rows
     active in it; every row prefills its prompt. ``compacting`` (the sampler): one prefill per
     prompt (``group_sizes``, see ``prompt_rows``), then the decode iterations of
-    ``schedule.simulate`` through ``slots`` slots (None or 0: all ``B``; the sampler's
-    ``sampling.slots``), cache phases of ``chunk`` slots (``schedule.resolve_chunk``'s value;
+    ``decode_schedule.simulate`` through ``slots`` slots (None or 0: all ``B``; the sampler's
+    ``sampling.slots``), cache phases of ``chunk`` slots (``decode_schedule.resolve_chunk``'s value;
     0: one phase), ``row_buckets`` rungs, rows sharded over ``devices`` chips, lengths capped at
     ``max_new_tokens`` (None: the longest); iteration k decodes ``rows_k`` rows whose contexts
     sum to ``rows_k / live_k x`` the running rows' (prompt + age) tokens.
 
     Tail batching: ``keep_groups`` (None: off) ends the step once that many prompt groups
     (``groups_r`` int [B], each row's group; None: from the shape and ``group_sizes``) have all
-    their rollouts done, at ``schedule.group_stop``'s iteration: ``compacting`` replays the
+    their rollouts done, at ``decode_schedule.group_stop``'s iteration: ``compacting`` replays the
     sampler's iterations up to it; the other regimes time the tokens each rollout reached by
     the same exit test (``reached_lengths``; a rollout never started costs nothing).
 

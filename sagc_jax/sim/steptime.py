@@ -22,9 +22,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from sagc_jax import decode_schedule
 from sagc_jax.config import SamplingConfig
 from sagc_jax.config.sim import SimConfig
-from sagc_jax.sampling import schedule
 from sagc_jax.sim import roofline
 
 REGIMES = roofline.REGIMES  # compacting (the sampler), synchronous, continuous
@@ -41,7 +41,7 @@ class StepTime(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Engine:
-    """The sampler's settings the ``compacting`` regime replays (``sampling.schedule``).
+    """The sampler's settings the ``compacting`` regime replays (``decode_schedule``).
 
     max_new_tokens: the sampler's length cap (0: each step's longest completion; a step with a
     longer completion raises it to that length); decode_chunk: ``sampling.decode_chunk`` (an int
@@ -69,7 +69,7 @@ class Engine:
         return {
             "slots": slots,
             "max_new_tokens": cap,
-            "chunk": schedule.resolve_chunk(cap, self.decode_chunk),
+            "chunk": decode_schedule.resolve_chunk(cap, self.decode_chunk),
             "row_buckets": self.row_buckets,
         }
 
@@ -217,8 +217,8 @@ class StepTimer:
         width = min(settings.pop("slots") or rows, rows)
         stop_at = None
         if keep_groups is not None:
-            stop_at, _ = schedule.group_stop(full, groups_r, keep_groups, slots=width)
-        plan = schedule.simulate(
+            stop_at, _ = decode_schedule.group_stop(full, groups_r, keep_groups, slots=width)
+        plan = decode_schedule.simulate(
             np.maximum(full, 1),
             slots=width,
             shards=math.gcd(width, sim.devices),
