@@ -4,7 +4,7 @@ in ``sagc_jax.decode_schedule``, which the step-time model shares), sampling fun
 
 from sagc_jax.sampling.functions import filter_top_k_top_p, sample_token
 from sagc_jax.sampling.padding import DEFAULT_BUCKETS, bucket_length, left_pad
-from sagc_jax.sampling.sampler import SampleOutput, Sampler, sample
+from sagc_jax.sampling.sampler import SampleOutput, Sampler
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -13,6 +13,5 @@ __all__ = [
     "bucket_length",
     "filter_top_k_top_p",
     "left_pad",
-    "sample",
     "sample_token",
 ]

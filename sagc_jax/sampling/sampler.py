@@ -39,7 +39,7 @@ import numpy as np
 from flax import nnx
 
 from sagc_jax.decode_schedule import phase_slots, resolve_chunk, row_rungs
-from sagc_jax.models import Decoder, DecoderConfig, KVCache
+from sagc_jax.models import DecoderConfig, KVCache
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.sampling import decode
 
@@ -140,12 +140,6 @@ class Sampler:
         # max_new_tokens, slots and keep_groups (last, static) are positional: jit takes no
         # keywords with shardings.
         self._generate = jax.jit(self._generate_impl, static_argnums=(8, 9, 10), **jit_kw)
-
-    @classmethod
-    def from_model(cls, model: Decoder, **kwargs) -> tuple[Sampler, nnx.State]:
-        """(sampler, state) for `model`: call `sampler(state, ...)`."""
-        graphdef, state = nnx.split(model)
-        return cls(graphdef, model.config, **kwargs), state
 
     def compiled_programs(self) -> int:
         """Programs this sampler has traced and compiled (one per shape of a call). Counted per
@@ -365,37 +359,3 @@ class Sampler:
             prefill_rows=jnp.asarray(num_prompts, jnp.int32),
             cut_b=~(final.ended_n | (final.lengths_n >= max_new_tokens)),
         )
-
-
-_SAMPLERS: dict = {}
-
-
-def sample(
-    model: Decoder,
-    prompt_ids_bt,
-    prompt_lens_b,
-    key: jax.Array,
-    *,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    eos_ids: Sequence[int] | None = None,
-    pad_id: int = 0,
-) -> SampleOutput:
-    """One-call convenience over `Sampler`, reusing one Sampler per (graphdef, eos, pad)."""
-    graphdef, state = nnx.split(model)
-    eos = tuple(model.config.eos_ids if eos_ids is None else eos_ids)
-    sampler_key = (graphdef, eos, pad_id)
-    if sampler_key not in _SAMPLERS:
-        _SAMPLERS[sampler_key] = Sampler(graphdef, model.config, eos_ids=eos, pad_id=pad_id)
-    return _SAMPLERS[sampler_key](
-        state,
-        prompt_ids_bt,
-        prompt_lens_b,
-        key,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-    )

@@ -182,16 +182,6 @@ def write_calibration(runs: list[SimRun], path: Path) -> Path:
     return path
 
 
-def format_calibration(runs: list[SimRun]) -> str:
-    """One line per prompt-aware controller: ECE, Brier score and groups scored."""
-    return "\n".join(
-        f"{run.name}: calibration over {run.calibration['groups']} groups: "
-        f"ECE {run.calibration['ece']:.3f}, Brier {run.calibration['brier']:.3f}"
-        for run in runs
-        if run.calibration is not None
-    )
-
-
 def write_plots(runs: list[SimRun], out_dir: Path, delta: float) -> list[Path]:
     """PNG plots: G over steps, lambda, posterior means, running straggler rate, ratios."""
     import matplotlib

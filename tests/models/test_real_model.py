@@ -129,7 +129,8 @@ def test_greedy_decoding_matches_transformers_generate(hf, ours):
     hf_tok, hf_model = hf
     tok, model, _ = ours
     prompts = [_chat_ids(hf_tok, m) for m in MESSAGES]
-    sampler, state = Sampler.from_model(model, eos_ids=(tok.eos_id,), pad_id=tok.pad_id)
+    graphdef, state = nnx.split(model)
+    sampler = Sampler(graphdef, model.config, eos_ids=(tok.eos_id,), pad_id=tok.pad_id)
     ids_bt, lens_b = left_pad(prompts, pad_id=tok.pad_id, buckets=(64,))
     out = jax.device_get(
         sampler(state, ids_bt, lens_b, jax.random.key(0), max_new_tokens=NEW_TOKENS, temperature=0)

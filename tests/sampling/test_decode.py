@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from sagc_jax import decode_schedule
 from sagc_jax.models import Decoder, get_preset
 from sagc_jax.models.layers import cache_blocks
-from sagc_jax.sampling import decode, left_pad, schedule
+from sagc_jax.sampling import decode, left_pad
 
 SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, head_dim=8)
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12], [20]]
@@ -272,7 +273,7 @@ def test_the_tail_rungs_decode_the_same_tokens_with_fewer_rows(tiny):
     np.testing.assert_allclose(rungs.logprobs_nl, one.logprobs_nl, atol=1e-5)
     lengths = rungs.lengths_n
     assert len(set(lengths.tolist())) >= 2 and lengths.min() < LENGTH
-    want = schedule.simulate(lengths, LENGTH, chunk=3, row_buckets=3)
+    want = decode_schedule.simulate(lengths, LENGTH, chunk=3, row_buckets=3)
     assert (int(rungs.steps), int(rungs.rows)) == (want.decode_steps, want.rows_decoded)
     assert int(rungs.rows) < int(rungs.steps) * 4
     streamed = _ctx(tiny, slots=4, rungs=(4, 2, 1))  # 6 rollouts

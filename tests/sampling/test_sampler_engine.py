@@ -1,5 +1,5 @@
 """The sampler's engine (issue #31): slots, row buckets and decode phases choose which rows an
-iteration decodes, never the tokens; the program's counters follow `schedule.simulate`; slots
+iteration decodes, never the tokens; the program's counters follow `decode_schedule.simulate`; slots
 refill with each rollout's own prompt; one prefill per prompt; the per-rollout random stream
 draws from the policy's distribution.
 
@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from sagc_jax import decode_schedule
 from sagc_jax.models import Decoder, get_preset
-from sagc_jax.sampling import Sampler, left_pad, schedule
+from sagc_jax.sampling import Sampler, left_pad
 
 SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, head_dim=8)
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12], [20]]
@@ -142,15 +143,15 @@ def test_tokens_do_not_depend_on_slots_buckets_or_phases(engine, setting):
 @pytest.mark.parametrize("setting", [REFERENCE, *ENGINES], ids=str)
 def test_counters_are_the_schedule(engine, setting):
     """Decode iterations, rows decoded and running rows decoded, counted by the program, are
-    what `schedule.simulate` replays from the lengths; with several rungs, rows leave the batch
-    as they finish, so fewer rows are decoded than iterations x slots."""
+    what `decode_schedule.simulate` replays from the lengths; with several rungs, rows leave the
+    batch as they finish, so fewer rows are decoded than iterations x slots."""
     samplers, outs = engine.samplers, engine.outs
     slots, row_buckets, chunk = setting
     num_slots = samplers[setting].slots_for(INDEX_R.size)
     assert num_slots == (slots or INDEX_R.size)
     for seed, _ in CALLS:
         out = outs[setting, seed]
-        want = schedule.simulate(
+        want = decode_schedule.simulate(
             out.lengths_b, MAX_NEW, slots=slots, chunk=chunk, row_buckets=row_buckets
         )
         counted = (int(out.num_decode_steps), int(out.rows_decoded), int(out.live_rows_decoded))
@@ -182,7 +183,7 @@ def test_without_end_tokens_every_engine_runs_the_free_run_to_the_cap(engine, se
         np.testing.assert_array_equal(out.tokens_bt, free.tokens_bt)
         np.testing.assert_allclose(out.logprobs_bt, free.logprobs_bt, rtol=1e-5, atol=1e-6)
         assert out.truncated_b.all() and out.lengths_b.min() == MAX_NEW
-        want = schedule.simulate(
+        want = decode_schedule.simulate(
             out.lengths_b, MAX_NEW, slots=slots, chunk=chunk, row_buckets=row_buckets
         )
         counted = (int(out.num_decode_steps), int(out.rows_decoded), int(out.live_rows_decoded))
@@ -193,10 +194,10 @@ def test_without_end_tokens_every_engine_runs_the_free_run_to_the_cap(engine, se
     "setting, keep", list(zip([REFERENCE, *ENGINES], [1, 2, 1, 2], strict=True)), ids=str
 )
 def test_keep_groups_stops_once_enough_whole_groups_are_done(engine, setting, keep):
-    """With keep_groups (tail batching) the program stops at the iteration `schedule.group_stop`
-    names from the full run's lengths: the rollouts done by then are the full run's, tokens and
-    all; the cut ones hold a prefix of theirs (the same per-rollout stream), shorter; the
-    counters are the schedule's up to the stop."""
+    """With keep_groups (tail batching) the program stops at the iteration
+    `decode_schedule.group_stop` names from the full run's lengths: the rollouts done by then are
+    the full run's, tokens and all; the cut ones hold a prefix of theirs (the same per-rollout
+    stream), shorter; the counters are the schedule's up to the stop."""
     slots, row_buckets, chunk = setting
     sampler = Sampler(
         engine.samplers[setting].graphdef,
@@ -222,7 +223,7 @@ def test_keep_groups_stops_once_enough_whole_groups_are_done(engine, setting, ke
                 **settings,
             )
         )
-        stop_k, done_r = schedule.group_stop(full.lengths_b, INDEX_R, keep, slots=slots)
+        stop_k, done_r = decode_schedule.group_stop(full.lengths_b, INDEX_R, keep, slots=slots)
         assert int(out.num_decode_steps) == stop_k, seed
         np.testing.assert_array_equal(out.cut_b, ~done_r)
         whole = [g for g in range(len(PROMPTS)) if done_r[INDEX_R == g].all()]
@@ -236,7 +237,7 @@ def test_keep_groups_stops_once_enough_whole_groups_are_done(engine, setting, ke
         np.testing.assert_array_equal(
             np.where(prefix_rl, full.tokens_bt, 0), np.where(prefix_rl, out.tokens_bt, 0)
         )
-        want = schedule.simulate(
+        want = decode_schedule.simulate(
             full.lengths_b,
             MAX_NEW,
             slots=slots,
@@ -425,7 +426,7 @@ def test_stream_draws_from_the_policy():
     lengths_r = _lengths_at(out.tokens_bt, (end,))
     np.testing.assert_array_equal(streamed.lengths_b, lengths_r)
     assert (lengths_r == 1).sum() >= 100
-    want = schedule.simulate(lengths_r, 3, slots=500, row_buckets=3)
+    want = decode_schedule.simulate(lengths_r, 3, slots=500, row_buckets=3)
     assert int(streamed.rows_decoded) == want.rows_decoded
     assert want.rows_k.min() < 500  # the smaller rungs ran
     kept_rl = np.arange(3)[None, :] < lengths_r[:, None]

@@ -13,7 +13,7 @@ from flax import nnx
 
 from sagc_jax.config import ConfigError, load_config
 from sagc_jax.models import Decoder, get_preset
-from sagc_jax.sampling import Sampler, bucket_length, left_pad, sample, sample_token
+from sagc_jax.sampling import Sampler, bucket_length, left_pad, sample_token
 from sagc_jax.sampling.sampler import phase_slots, resolve_chunk
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [20]]
@@ -25,7 +25,8 @@ MAX_NEW = 12
 def setup():
     cfg = get_preset("tiny")
     model = Decoder(cfg, rngs=nnx.Rngs(0))
-    sampler, state = Sampler.from_model(model, eos_ids=(), pad_id=0)
+    graphdef, state = nnx.split(model)
+    sampler = Sampler(graphdef, cfg, eos_ids=(), pad_id=0)
     ids_bt, lens_b = left_pad(PROMPTS, pad_id=0, buckets=BUCKETS)
     greedy = sampler(
         state, ids_bt, lens_b, jax.random.key(0), max_new_tokens=MAX_NEW, temperature=0
@@ -133,18 +134,6 @@ def test_same_key_same_output_whatever_ran_before(setup):
     again = sampler(state, ids_bt, lens_b, jax.random.key(7), max_new_tokens=MAX_NEW)
     np.testing.assert_array_equal(first.tokens_bt, again.tokens_bt)
     np.testing.assert_array_equal(first.logprobs_bt, again.logprobs_bt)
-    # The convenience function agrees with the Sampler.
-    model = nnx.merge(sampler.graphdef, state)
-    out = sample(
-        model,
-        ids_bt,
-        lens_b,
-        jax.random.key(0),
-        max_new_tokens=MAX_NEW,
-        temperature=0.0,
-        eos_ids=(),
-    )
-    np.testing.assert_array_equal(out.tokens_bt, greedy.tokens_bt)
 
 
 # ---------------------------------------------------------------------- decode phases
@@ -302,12 +291,14 @@ from jax.sharding import PartitionSpec as P
 from sagc_jax.config import MeshConfig
 from sagc_jax.models import Decoder, get_preset
 from sagc_jax.parallel import ShardingPlan, bytes_per_device
-from sagc_jax.sampling import Sampler, left_pad, schedule
+from sagc_jax import decode_schedule
+from sagc_jax.sampling import Sampler, left_pad
 assert jax.device_count() == 2
 small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, head_dim=8)
 model = Decoder(get_preset("tiny", **small), rngs=nnx.Rngs(0))
 ids_bt, lens_b = left_pad([[5, 6, 7], [8, 9], [20], [4, 4, 4, 4]], pad_id=0, buckets=(8,))
-plain, state = Sampler.from_model(model, eos_ids=(), pad_id=0, decode_chunk=0)
+graphdef, state = nnx.split(model)
+plain = Sampler(graphdef, model.config, eos_ids=(), pad_id=0, decode_chunk=0)
 compiles = []  # XLA compiles of the sampler program
 handler = logging.Handler()
 handler.emit = lambda r: "_generate_impl" in r.getMessage() and compiles.append(r.getMessage())
@@ -360,7 +351,7 @@ for temperature in (0.0, 1.0):
     np.testing.assert_array_equal(a.lengths_b, b.lengths_b)
     np.testing.assert_array_equal(a.truncated_b, b.truncated_b)
     np.testing.assert_allclose(a.logprobs_bt, b.logprobs_bt, atol=1e-5)
-    want = schedule.simulate(b.lengths_b, 6, slots=4, chunk=3, row_buckets=2, shards=2)
+    want = decode_schedule.simulate(b.lengths_b, 6, slots=4, chunk=3, row_buckets=2, shards=2)
     counted = (int(b.num_decode_steps), int(b.rows_decoded), int(b.live_rows_decoded))
     assert counted == (want.decode_steps, want.rows_decoded, want.live_rows_decoded), counted
     assert int(b.rows_decoded) < int(b.num_decode_steps) * 4, counted
@@ -372,8 +363,8 @@ assert streamed.compiled_programs() == 1
 uneven = Sampler(plain.graphdef, plain.config, eos_ids=tuple(free.tokens_bt[1::2, 0]),
                  decode_chunk=0, row_buckets=2, plan=plan, state_shardings=param_sh)
 _, b = run(uneven, params, temperature=1.0, prompt_index_r=index_r)
-want = schedule.simulate(b.lengths_b, 6, row_buckets=2, shards=2)
-whole = schedule.simulate(b.lengths_b, 6, row_buckets=2)
+want = decode_schedule.simulate(b.lengths_b, 6, row_buckets=2, shards=2)
+whole = decode_schedule.simulate(b.lengths_b, 6, row_buckets=2)
 assert (b.lengths_b[1::2] == 1).all() and (b.lengths_b[::2] > 2).all(), b.lengths_b
 assert int(b.rows_decoded) == want.rows_decoded > whole.rows_decoded, (b.rows_decoded, want)
 # 3 slots do not split into the 2 batch shards: refused before anything compiles
