@@ -19,6 +19,7 @@ from sagc_jax.analysis.study import (
     study,
 )
 from sagc_jax.config import Config, from_dict, parse_controller_spec, to_dict
+from sagc_jax.controller.registry import CONTROLLERS
 from sagc_jax.planning.plan import step_timer
 from sagc_jax.tasks.source import with_resolved_buckets
 from sagc_jax.train.loop import Trainer
@@ -35,8 +36,10 @@ def run_config(cfg: Config, spec: str, seed: int, steps: int | None) -> Config:
         data["controller"]["group_size"] = arg
     elif kind == "hybrid" and arg is not None:
         data["controller"]["hybrid"]["mode"] = arg
-    for own in ("sagc", "hybrid"):  # the controllers with a Thompson generator
-        data["controller"][own]["seed"] = getattr(cfg.controller, own).seed + seed
+    for entry in CONTROLLERS.values():  # the controllers with a random generator
+        if entry.seeded:
+            own = entry.seeded
+            data["controller"][own]["seed"] = getattr(cfg.controller, own).seed + seed
     data["train"]["seed"] = cfg.train.seed + seed
     if steps is not None:
         data["train"]["steps"] = steps

@@ -7,7 +7,7 @@ import dataclasses
 
 from sagc_jax.config.base import ConfigError, Section, option
 from sagc_jax.config.sim import SimConfig
-from sagc_jax.config.spec import HYBRID_MODES
+from sagc_jax.config.spec import CONTROLLER_SPECS, HYBRID_MODES
 
 # Projections LoRA can adapt (models.architecture.LORA_TARGETS; this module imports no jax).
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -350,7 +350,7 @@ class ControllerConfig(Section):
     _prefix = "controller."
     kind: str = option(
         "sagc_plus",
-        choices=("sagc", "sagc_plus", "sagc_value", "hybrid", "fixed"),
+        choices=tuple(CONTROLLER_SPECS),
         help="sagc: the paper's SAGC; sagc_plus: SAGC+ (docs/controller.md); sagc_value: SAGC+'s "
         "budget, G chosen for learning signal per modeled second; hybrid: "
         "prompt-aware; fixed: controller.group_size every step",

@@ -41,6 +41,10 @@ class GroupController(abc.ABC):
 
     prompt_aware = False  # True: propose_for(prompt_ids, prompt_lengths) instead of propose()
     reward_aware = False  # True: observe() reads the observation's rewards
+    weighs_step_time = False  # True: built with the modeled seconds of a step (step_seconds)
+    # keys of observe()'s metrics the run logs as controller/<key> (when not None), beside the
+    # ones every controller has (s_t, lambda, ...)
+    logged_metrics: tuple[str, ...] = ()
 
     def __init__(self, candidates: tuple[int, ...], tau: float, scope: str) -> None:
         self.candidates = tuple(int(g) for g in candidates)

@@ -47,6 +47,8 @@ class SAGCController(GroupController):
     (``controller.*``); ``config``: SAGC's own knobs (``controller.sagc``).
     """
 
+    logged_metrics = ("posterior_mean",)
+
     def __init__(
         self, budget: ControllerConfig | None = None, config: SAGCConfig | None = None
     ) -> None:

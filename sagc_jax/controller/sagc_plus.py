@@ -99,6 +99,8 @@ class SAGCPlusController(GroupController):
     (``controller.*``); ``plus``: SAGC+'s own knobs (``controller.sagc_plus``).
     """
 
+    logged_metrics = ("posterior_mean", "slack")  # slack: moves G between its two rungs
+
     def __init__(
         self, budget: ControllerConfig | None = None, plus: SAGCPlusConfig | None = None
     ) -> None:

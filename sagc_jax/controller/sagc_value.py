@@ -96,6 +96,14 @@ class SAGCValueController(SAGCPlusController):
     """
 
     reward_aware = True
+    weighs_step_time = True
+    # what a group of each G is worth, what a step at each G costs, SAGC+'s rung
+    logged_metrics = (
+        *SAGCPlusController.logged_metrics,
+        "signal",
+        "step_seconds",
+        "ceiling_group_size",
+    )
 
     def __init__(
         self,

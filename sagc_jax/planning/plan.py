@@ -21,6 +21,7 @@ from jax.sharding import AbstractMesh
 
 from sagc_jax.config import Config, ConfigError
 from sagc_jax.controller import make_controller
+from sagc_jax.controller.registry import CONTROLLERS
 from sagc_jax.decode_schedule import row_rungs
 from sagc_jax.models import PRESETS, Decoder, DecoderConfig, get_preset
 from sagc_jax.models import axes as ax
@@ -173,11 +174,12 @@ def step_timer(cfg: Config, padded_width: int, max_new_tokens: int | None = None
 
 
 def run_controller(cfg: Config):
-    """The run's controller (``controller.*``); ``sagc_value`` weighs the modeled seconds of a
-    step at each G by ``cfg.sim``'s step-time model (compacting rollouts plus the update, the
-    prompts at the largest prompt bucket: ``cfg`` with its buckets resolved)."""
+    """The run's controller (``controller.*``); one that ``weighs_step_time`` (``sagc_value``)
+    weighs the modeled seconds of a step at each G by ``cfg.sim``'s step-time model (compacting
+    rollouts plus the update, the prompts at the largest prompt bucket: ``cfg`` with its
+    buckets resolved)."""
     step_seconds = None
-    if cfg.controller.kind == "sagc_value":
+    if CONTROLLERS[cfg.controller.kind].cls.weighs_step_time:
         prompt = max(cfg.sampling.prompt_buckets)
         timer = step_timer(cfg, prompt + cfg.sampling.max_new_tokens)
         step_seconds = timer.step_seconds(prompt)

@@ -158,7 +158,7 @@ def step_record(
     }
     if np.ndim(g):
         record["group_sizes"] = sizes_p
-    record.update(_controller_metrics(ctrl, controller))
+    record.update(controller_metrics(ctrl, controller))
     if tail is not None:
         record.update(_tail_metrics(tail, ctrl, result.step))
     if result.update.get("skipped", 0) > 0:
@@ -171,17 +171,14 @@ def _shaped(rollouts: Rollouts) -> np.ndarray:
     return rollouts.rewards if rollouts.shaped is None else rollouts.shaped
 
 
-def _controller_metrics(ctrl: dict[str, Any], controller: GroupController) -> dict[str, Any]:
-    """The keys only some controllers have: ``ctrl`` is what the step's observation returned."""
-    record = {}
-    if ctrl.get("posterior_mean") is not None:
-        record["controller/posterior_mean"] = ctrl["posterior_mean"]
-    if "slack" in ctrl:  # SAGC+: the budget slack that moves G between its two rungs
-        record["controller/slack"] = ctrl["slack"]
-    if "signal" in ctrl:  # sagc_value: what a group of each G is worth, what a step costs
-        record["controller/signal"] = ctrl["signal"]
-        record["controller/step_seconds"] = ctrl["step_seconds"]
-        record["controller/ceiling_group_size"] = ctrl["ceiling_group_size"]
+def controller_metrics(ctrl: dict[str, Any], controller: GroupController) -> dict[str, Any]:
+    """The keys only some controllers have, those their class names (``logged_metrics``): ``ctrl``
+    is what the step's observation returned."""
+    record = {
+        f"controller/{key}": ctrl[key]
+        for key in controller.logged_metrics
+        if ctrl.get(key) is not None
+    }
     calibration = controller.calibration()  # None: the controller predicts no straggle
     if calibration is not None:
         # the step's mean predicted straggle (made before sampling) beside the observed s_t,
