@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from sagc_jax.config import TailBatchingConfig
-from sagc_jax.tasks.source import Prompt, PromptSource
+from sagc_jax.tasks.prompt_source import Prompt, PromptSource
 
 
 @dataclasses.dataclass(frozen=True)

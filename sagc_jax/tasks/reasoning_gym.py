@@ -32,15 +32,12 @@ from typing import Any
 from sagc_jax.config import Config, ConfigError
 from sagc_jax.tasks.datasets import Example
 from sagc_jax.tasks.math_checker import extract_answer as final_answer
-from sagc_jax.tasks.source import (
+from sagc_jax.tasks.prompt_source import (
+    LengthCheck,
     Prompt,
-    PromptSource,
-    _auto_note,
-    _check_tokenizer,
-    _epoch_order,
-    _LengthCheck,
+    RowSource,
+    check_tokenizer,
     prompt_limit,
-    resolve_buckets,
 )
 
 __all__ = ["SCORE_SPEC", "ReasoningGymSource", "data_identity", "score"]
@@ -128,7 +125,7 @@ def _answer(
     return json.dumps(key, sort_keys=True, default=str)
 
 
-class ReasoningGymSource(PromptSource):
+class ReasoningGymSource(RowSource):
     """A reasoning-gym dataset: training entries reshuffled every epoch, held-out entries
     disjoint from them by question. Prompt ids are entry indices (of the training or the
     held-out dataset)."""
@@ -147,7 +144,7 @@ class ReasoningGymSource(PromptSource):
         self.name, self.kwargs = d.rg_dataset, _kwargs(cfg)
         check_dataset(self.name, self.kwargs)
         self.tokenizer = tokenizer
-        _check_tokenizer(cfg, tokenizer)
+        check_tokenizer(cfg, tokenizer)
         if getattr(tokenizer, "chat_template", None) is None:
             where = getattr(tokenizer, "path", None) or "the tokenizer"
             raise ConfigError(
@@ -175,7 +172,7 @@ class ReasoningGymSource(PromptSource):
             (self.rows, d.seed, d.rg_train_size, list(enumerate(train))),
             (self.eval_rows, d.rg_eval_seed, d.rg_eval_size, disjoint),
         ):
-            check = _LengthCheck(self.encode, limit, why, d.on_long_prompt, True)
+            check = LengthCheck(self.encode, limit, why, d.on_long_prompt, True)
             checks.append((check, seed))
             for i, entry in entries:
                 row = Example(
@@ -195,7 +192,6 @@ class ReasoningGymSource(PromptSource):
             )
         shortest = min(c.shortest for c, _ in checks)
         longest = max(c.longest for c, _ in checks)
-        self.prompt_buckets = resolve_buckets(cfg, shortest, longest, limit)
         notes = [
             f"data: reasoning_gym {self.name}: {len(self.rows)} training entries (seed "
             f"{d.seed}), {len(self.eval_rows)} held-out (seed {d.rg_eval_seed}; dropped "
@@ -207,20 +203,8 @@ class ReasoningGymSource(PromptSource):
             for c, seed in checks
             if c.skipped
         ]
-        if cfg.sampling.prompt_buckets == "auto":
-            notes.append(_auto_note(self.prompt_buckets, shortest, longest))
-        if shard_index == 0:  # every process knows the same: one says it
-            for note in notes:
-                log(note)
         self._keep_run_settings(cfg, SCORE_SPEC, rounds_per_step, shard_index, num_shards)
-
-    def _train_prompt(self, position: int, step: int) -> Prompt:
-        del step  # entries are reshuffled by epoch; no curriculum
-        row = self.rows[_epoch_order(self._orders, self.seed, position, len(self.rows))]
-        return Prompt(row.prompt, row.answer, row.index)
-
-    def heldout(self, num: int) -> list[Prompt]:
-        return [Prompt(r.prompt, r.answer, r.index) for r in self.eval_rows[:num]]
+        self._resolve_buckets(cfg, (shortest, longest, limit), notes, log)
 
     def encode(self, prompt: Prompt) -> list[int]:
         messages = [

@@ -21,7 +21,7 @@ from sagc_jax.programs.shapes import prompts_for
 from sagc_jax.rl import informative_groups, overlong_penalty
 from sagc_jax.sampling.padding import left_pad
 from sagc_jax.tasks import score_batch
-from sagc_jax.tasks.source import Prompt, PromptSource
+from sagc_jax.tasks.prompt_source import Prompt, PromptSource
 
 if TYPE_CHECKING:
     from sagc_jax.programs.tail import TailBatcher

@@ -300,7 +300,8 @@ def test_auto_buckets_from_the_data_and_from_the_synthetic_task(tmp_path):
     from helpers import TINY
 
     from sagc_jax.config import load_config
-    from sagc_jax.tasks.source import auto_buckets, make_source, with_resolved_buckets
+    from sagc_jax.tasks.prompt_source import auto_buckets
+    from sagc_jax.tasks.source import make_source, with_resolved_buckets
 
     path = write_jsonl(tmp_path / "d.jsonl", sums([5, 61, 20]))
     held = write_jsonl(tmp_path / "held.jsonl", sums([150, 9]))

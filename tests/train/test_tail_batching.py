@@ -8,7 +8,7 @@ from helpers import TINY
 
 from sagc_jax.config import ConfigError, TailBatchingConfig, load_config
 from sagc_jax.programs.tail import TailBatcher
-from sagc_jax.tasks.source import Prompt
+from sagc_jax.tasks.prompt_source import Prompt
 from sagc_jax.train.loop import Trainer
 
 
