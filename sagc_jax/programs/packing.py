@@ -42,7 +42,7 @@ import chex
 import numpy as np
 
 from sagc_jax.config import ConfigError
-from sagc_jax.rl.losses import AGGREGATIONS
+from sagc_jax.rl.losses import aggregation_of, token_weights
 
 PACKED_KEYS = ("tokens", "positions", "segment_ids", "mask", "weight", "old_logp", "adv", "norm")
 # The padded batch: one row per trained rollout (``norm`` [R] as the packed batch's).
@@ -53,16 +53,10 @@ def normalizer_shares(mask_bl, aggregation: str, max_new_tokens: int) -> np.ndar
     """float64 [B]: each rollout's share of the step's loss normaliser (``rl.loss_normalizer``
     is their sum): seq_mean 1 per rollout with a scored token, token_mean its scored tokens,
     constant ``max_new_tokens`` per rollout (fully masked ones included)."""
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"aggregation = {aggregation!r}; choose one of {list(AGGREGATIONS)}")
     mask_bl = np.asarray(mask_bl, np.float64)
     chex.assert_rank(mask_bl, 2)
-    tokens_b = mask_bl.sum(axis=1)
-    if aggregation == "seq_mean":
-        return (tokens_b > 0).astype(np.float64)
-    if aggregation == "token_mean":
-        return tokens_b
-    return np.full(len(tokens_b), float(max_new_tokens))
+    share_b = aggregation_of(aggregation).share(mask_bl.sum(axis=1), max_new_tokens)
+    return np.asarray(share_b, np.float64)
 
 
 def _trained(trained_b, batch: int) -> np.ndarray:
@@ -231,7 +225,7 @@ def pack_update_batch(
         out["mask"][r, scored] = m
         out["old_logp"][r, scored] = old_logp_bl[b, :n]
         out["adv"][r, scored] = adv_b[b]
-        out["weight"][r, scored] = m / m.sum() if aggregation == "seq_mean" else m
+        out["weight"][r, scored] = token_weights(m, aggregation)
     # each placed rollout's share in its row, the others' (left out, or nothing to score) in row 0
     np.add.at(norm_r, np.where(sizes_b > 0, row_b, 0), share_b)
     out["norm"] = norm_r.astype(np.float32)

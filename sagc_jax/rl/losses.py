@@ -16,18 +16,58 @@ per-token weights.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-# How a step's per-token losses become one number (`loss_normalizer`'s denominators).
-AGGREGATIONS = ("seq_mean", "token_mean", "constant")
+
+@dataclasses.dataclass(frozen=True)
+class Aggregation:
+    """How a step's per-token loss terms become one number: ``sum(weight * term) / normaliser``.
+
+    ``per_sequence``: a scored token's weight is 1 over its sequence's scored tokens (a mean per
+    sequence), else 1. ``share``: each rollout's share of the step's normaliser from its scored
+    tokens ``tokens_b`` (float, numpy or jax) and the configured cap; the normaliser is their
+    sum, a whole-step quantity, so the losses of mini-batches or packed rows sum to the loss of
+    the full batch. Adding an aggregation is an entry in ``AGGREGATIONS``: the padded loss
+    (:func:`policy_loss`), the packed rows (``programs.packing``) and :func:`loss_normalizer`
+    read it.
+    """
+
+    per_sequence: bool
+    share: Callable[[Any, int | None], Any]
+
+
+def _cap_share(tokens_b, max_new_tokens: int | None):
+    if max_new_tokens is None:
+        raise ValueError("aggregation 'constant' needs max_new_tokens")
+    return tokens_b * 0.0 + float(max_new_tokens)  # every rollout, fully masked ones included
+
+
+AGGREGATIONS: dict[str, Aggregation] = {
+    # GRPO: mean over the tokens of each sequence, then over the sequences with a scored token
+    "seq_mean": Aggregation(True, lambda tokens_b, _: (tokens_b > 0) * 1.0),
+    # DAPO: mean over every completion token of the step
+    "token_mean": Aggregation(False, lambda tokens_b, _: tokens_b),
+    # Dr. GRPO: sum over tokens over (sequences x max_new_tokens)
+    "constant": Aggregation(False, _cap_share),
+}
+
+
+def aggregation_of(name: str) -> Aggregation:
+    """The entry of ``name`` in ``AGGREGATIONS``; ValueError naming the allowed ones."""
+    if name not in AGGREGATIONS:
+        raise ValueError(f"aggregation = {name!r}; choose one of {list(AGGREGATIONS)}")
+    return AGGREGATIONS[name]
 
 
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
-    """A GRPO-family algorithm (``loss.algorithm``): how its loss aggregates tokens (one of
+    """A GRPO-family algorithm (``loss.algorithm``): how its loss aggregates tokens (a key of
     ``AGGREGATIONS``) and whether its advantages are divided by the group's reward std."""
 
     name: str
@@ -54,17 +94,8 @@ def loss_normalizer(mask_bt, aggregation: str, max_new_tokens: int | None = None
     """
     mask_bt = jnp.asarray(mask_bt, jnp.float32)
     chex.assert_rank(mask_bt, 2)  # [B, T]: 'constant' counts its rows as the sequences
-    if aggregation == "seq_mean":
-        value = jnp.sum(jnp.sum(mask_bt, axis=1) > 0)
-    elif aggregation == "token_mean":
-        value = jnp.sum(mask_bt)
-    elif aggregation == "constant":
-        if max_new_tokens is None:
-            raise ValueError("aggregation 'constant' needs max_new_tokens")
-        value = mask_bt.shape[0] * max_new_tokens
-    else:
-        raise ValueError(f"aggregation = {aggregation!r}; choose one of {list(AGGREGATIONS)}")
-    return jnp.maximum(jnp.asarray(value, jnp.float32), 1.0)
+    share_b = aggregation_of(aggregation).share(jnp.sum(mask_bt, axis=1), max_new_tokens)
+    return jnp.maximum(jnp.sum(share_b).astype(jnp.float32), 1.0)
 
 
 def kl_k3(logp_bt: jax.Array, ref_logp_bt: jax.Array) -> jax.Array:
@@ -149,15 +180,19 @@ def policy_loss(
     per_token, metrics = _token_terms(
         logp_bt, old_logp_bt, adv_b[:, None], mask_bt, eps_low, eps_high, kl_beta, ref_logp_bt
     )
-    if aggregation == "seq_mean":
+    if aggregation_of(aggregation).per_sequence:  # the sequences' means, summed
         tokens_b = jnp.sum(mask_bt, axis=1)
-        per_seq = jnp.sum(per_token * mask_bt, axis=1) / jnp.maximum(tokens_b, 1.0)
-        total = jnp.sum(per_seq)
-    elif aggregation in ("token_mean", "constant"):
-        total = jnp.sum(per_token * mask_bt)
+        total = jnp.sum(jnp.sum(per_token * mask_bt, axis=1) / jnp.maximum(tokens_b, 1.0))
     else:
-        raise ValueError(f"aggregation = {aggregation!r}; choose one of {list(AGGREGATIONS)}")
+        total = jnp.sum(per_token * mask_bt)
     return total / normalizer, metrics
+
+
+def token_weights(mask_l: np.ndarray, aggregation: str) -> np.ndarray:
+    """The weights of one sequence's scored tokens in the step's loss under ``aggregation``
+    (``mask_l`` its mask, not all 0): the mask, over its scored tokens where the aggregation is
+    ``per_sequence`` (what :func:`policy_loss` computes, folded into weights for packed rows)."""
+    return mask_l / mask_l.sum() if aggregation_of(aggregation).per_sequence else mask_l
 
 
 def weighted_policy_loss(

@@ -43,6 +43,7 @@ from sagc_jax.programs.update import (
     rows_loss,
 )
 from sagc_jax.rl import completion_mask, loss_normalizer
+from sagc_jax.rl.losses import AGGREGATIONS, Aggregation
 
 P, L = 8, 8  # prompt bucket, max new tokens
 ALGOS = {"grpo": "seq_mean", "dapo": "token_mean", "dr_grpo": "constant"}
@@ -269,17 +270,32 @@ def test_packed_logprobs_equal_padded_completion_logprobs():
 def test_loss_and_gradients_equal_padded_for_every_aggregation():
     """grpo / dapo / dr_grpo (with KL): the padded loss of the whole batch against the packed
     loss summed over two micro-batches of packed rows (rows c, c + 2, ...)."""
+    _padded_equals_packed(list(ALGOS.values()))
+
+
+def test_a_new_aggregation_is_one_entry(monkeypatch):
+    """The recipe of docs/architecture.md ("Add a loss aggregation"): an entry in
+    ``rl.AGGREGATIONS`` alone, here a sum over each sequence's tokens over the sequences with
+    one, and the padded loss, the packed rows and the normaliser all follow it."""
+    toy = Aggregation(per_sequence=False, share=lambda tokens_b, _: (tokens_b > 0) * 1.0)
+    monkeypatch.setitem(AGGREGATIONS, "seq_sum", toy)
+    b = rollouts(8, seed=5)
+    assert float(loss_normalizer(b["mask"], "seq_sum")) == float((b["mask"].sum(1) > 0).sum())
+    _padded_equals_packed(["seq_sum"])
+
+
+def _padded_equals_packed(aggregations: list[str]) -> None:
     graphdef, params = tiny_policy()
     b = rollouts(8, seed=5)
     ref = jax.tree.map(lambda x: x + 0.01, params)
     rows = packed_rows_needed(b["prompt_lens"], b["mask"], pack_len=P + L, multiple=2, max_rows=8)
-    packed = {agg: pack(b, agg, rows) for agg in ALGOS.values()}
+    packed = {agg: pack(b, agg, rows) for agg in aggregations}
 
     @jax.jit
     def both(params, ref, b, packed):
         """Losses and gradients ({agg: ...} each): padded, then packed."""
         pad_l, pad_g, pack_l, pack_g = {}, {}, {}, {}
-        for agg in ALGOS.values():
+        for agg in aggregations:
             s = settings(agg, kl_beta=0.05 if agg == "constant" else 0.0)
             norm = loss_normalizer(b["mask"], agg, L)
             norm_packed = jnp.maximum(jnp.sum(packed[agg]["norm"]), 1.0)
