@@ -45,7 +45,7 @@ from sagc_jax.analysis.study import mean_ci
 from sagc_jax.config import ControllerConfig, HybridConfig, SAGCConfig, load_config
 from sagc_jax.config.sim import SimConfig
 from sagc_jax.controller import make_controller
-from sagc_jax.sim.runner import run_controller
+from sagc_jax.sim.runner import simulate_controller
 from sagc_jax.sim.steptime import StepTimer
 from sagc_jax.sim.worlds import TailWorld, WorkloadWorld, oracle, play_cut, rates_table
 
@@ -90,7 +90,7 @@ def play(spec: str, world, delta: float, seed: int, keep: int | None = None):
     controller = make_controller(name, controller_cfg)
     if keep is not None:
         return play_cut(controller, world, keep, naive=reading == "naive")
-    run = run_controller(spec, controller, world, UNTIMED)
+    run = simulate_controller(spec, controller, world, UNTIMED)
     return run.group_size, run.s_t, run.s_t
 
 

@@ -81,7 +81,7 @@ def run(preset: str, packing: bool, args, hw, eff) -> dict:
             _force_full_length(trainer)
         params = sum(x.size for x in jax.tree.leaves(trainer.state.params))
         costs = model_costs(trainer.model_config)
-        records = [trainer.log(trainer.train_step()).metrics for _ in range(args.steps)]
+        records = [trainer.step_log(trainer.train_step()).metrics for _ in range(args.steps)]
         trainer.lock.release()
     # steps that compiled nothing new (a packed step may meet a new row-count rung)
     warm = [

@@ -256,7 +256,7 @@ def child_sagc(args) -> dict:
             compile_s = time.perf_counter() - t0
             for _ in range(args.warmup + args.steps):
                 compiling[0] = 0.0
-                record = trainer.log(trainer.train_step()).metrics  # advances trainer.step
+                record = trainer.step_log(trainer.train_step()).metrics  # advances trainer.step
                 step_compile_s.append(compiling[0])
                 trainer.writer.write(trainer.step, record, trainer.controller.candidates)
         finally:

@@ -173,7 +173,7 @@ def step_timer(cfg: Config, padded_width: int, max_new_tokens: int | None = None
     )
 
 
-def run_controller(cfg: Config):
+def controller_for_run(cfg: Config):
     """The run's controller (``controller.*``); one that ``weighs_step_time`` (``sagc_value``)
     weighs the modeled seconds of a step at each G by ``cfg.sim``'s step-time model (compacting
     rollouts plus the update, the prompts at the largest prompt bucket: ``cfg`` with its

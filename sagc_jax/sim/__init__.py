@@ -13,7 +13,7 @@ _HOMES = {
     "StepTimer": "steptime",
     "SyntheticWorkload": "workload",
     "compare": "runner",
-    "run_controller": "runner",
+    "simulate_controller": "runner",
 }
 
 __all__ = sorted(_HOMES)

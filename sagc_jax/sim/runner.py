@@ -116,7 +116,9 @@ def _play_step(controller: GroupController, workload, t: int):
     return sizes_p, lengths_b, tokens, metrics, signal_p
 
 
-def run_controller(name: str, controller: GroupController, workload, timer: StepTimer) -> SimRun:
+def simulate_controller(
+    name: str, controller: GroupController, workload, timer: StepTimer
+) -> SimRun:
     """Play ``controller`` for every step of ``workload`` (its ``num_steps``), each step timed
     by ``timer``.
 
@@ -292,4 +294,6 @@ def compare(cfg: Config, workload, timer: StepTimer) -> list[SimRun]:
             run_tail_batched(spec, controller(spec), workload, timer, cfg.tail_batching)
             for spec in cfg.sim.controllers
         ]
-    return [run_controller(spec, controller(spec), workload, timer) for spec in cfg.sim.controllers]
+    return [
+        simulate_controller(spec, controller(spec), workload, timer) for spec in cfg.sim.controllers
+    ]

@@ -26,7 +26,7 @@ import numpy as np
 from sagc_jax.config import Config
 from sagc_jax.parallel import ShardingPlan, any_process, gather_rows, is_leader
 from sagc_jax.planning.host_memory import trim_after_compiles
-from sagc_jax.planning.plan import run_controller
+from sagc_jax.planning.plan import controller_for_run
 from sagc_jax.programs.policy import (
     build_sharded_policy,
     build_tokenizer,
@@ -101,7 +101,7 @@ class Trainer:
         self.tokenizer = self.source.tokenizer
         data_id = data_identity(cfg)  # the files as read: checkpoints record it
         resolved = with_resolved_buckets(cfg, self.source)  # the prompt buckets "auto" names
-        self.controller = run_controller(resolved)
+        self.controller = controller_for_run(resolved)
         self.tail = None  # on-policy tail batching: its deferred queue and data cursor
         if cfg.tail_batching.enabled:
             self.tail = TailBatcher(cfg.tail_batching, jax.process_count())
@@ -306,7 +306,7 @@ class Trainer:
         self.state, upd = self.programs.update(self.state, update_batch, key)
         return {**{k: float(v) for k, v in jax.device_get(upd).items()}, "no_signal": 0.0}
 
-    def log(self, result: StepResult) -> StepLog:
+    def step_log(self, result: StepResult) -> StepLog:
         """The step as its hooks see it: its result, its counts over every process and its
         metrics line (``metrics.step_record``; collectives: every process calls this)."""
         counts = step_counts(result)
@@ -361,7 +361,7 @@ class Trainer:
         try:
             with StopRequest() as stop:
                 hooks = self._hooks(stop, bar)
-                hooks.run(self.step, lambda _: self.log(self.train_step()))  # advances step
+                hooks.run(self.step, lambda _: self.step_log(self.train_step()))  # advances step
         finally:
             if bar is not None:
                 bar.close()

@@ -11,7 +11,7 @@ from sagc_jax.config import load_config
 from sagc_jax.config.sim import SimConfig
 from sagc_jax.controller import FixedGroupController, make_controller
 from sagc_jax.planning.plan import step_timer
-from sagc_jax.sim import ReplayWorkload, StepTimer, SyntheticWorkload, compare, run_controller
+from sagc_jax.sim import ReplayWorkload, StepTimer, SyntheticWorkload, compare, simulate_controller
 from sagc_jax.sim.report import summary_rows
 
 CUSTOM = StepTimer(SimConfig(hardware="custom"))  # timing does not matter to these tests
@@ -57,7 +57,7 @@ def test_larger_groups_straggle_more_on_the_calibrated_workload():
     cfg = load_config("configs/sim/reasoning_drift.yaml")
     w = SyntheticWorkload(cfg.sim)
     rates = [
-        run_controller(f"fixed:{g}", FixedGroupController(g, tau=3.0), w, CUSTOM).s_t.mean()
+        simulate_controller(f"fixed:{g}", FixedGroupController(g, tau=3.0), w, CUSTOM).s_t.mean()
         for g in (4, 8, 16)
     ]
     assert rates[0] < rates[1] < rates[2]
@@ -291,7 +291,7 @@ def test_runner_plays_per_prompt_sizes(budget):
         ],
     )
     w = SyntheticWorkload(cfg.sim)
-    run = run_controller(
+    run = simulate_controller(
         "hybrid:per_prompt", make_controller("hybrid:per_prompt", cfg.controller), w, CUSTOM
     )
     if budget:

@@ -9,7 +9,7 @@ from sagc_jax.config import Config, TailBatchingConfig
 from sagc_jax.config.sim import SimConfig
 from sagc_jax.controller import make_controller
 from sagc_jax.sim import roofline
-from sagc_jax.sim.runner import run_controller, run_tail_batched
+from sagc_jax.sim.runner import run_tail_batched, simulate_controller
 from sagc_jax.sim.steptime import StepTimer
 from sagc_jax.sim.workload import SyntheticWorkload
 
@@ -64,7 +64,7 @@ def test_every_deferred_prompt_is_trained_once_and_waits_a_bounded_time():
 def test_tail_batching_saves_modeled_time_on_the_calibrated_workload():
     sim = dataclasses.replace(SimConfig(hardware="custom"), steps=30, prompts_per_step=32)
     cfg = Config()
-    plain = run_controller(
+    plain = simulate_controller(
         "fixed:16", make_controller("fixed:16", cfg.controller), SyntheticWorkload(sim), TIMER
     )
     tail = run_tail_batched(

@@ -73,7 +73,7 @@ def test_a_tail_step_trains_whole_groups_and_every_prompt_once(tmp_path):
     trained, kinds = [], []
     for _ in range(6):
         step = trainer.train_step()
-        trainer.log(step)  # a tail step makes its metrics line
+        trainer.step_log(step)  # a tail step makes its metrics line
         assert step.batch.cut is None or not step.batch.cut.any()  # whole groups only
         assert len(step.batch.prompts) == 2 and step.batch.group_sizes.tolist() == [4, 4]
         trained += [p.id for p in step.batch.prompts]
