@@ -37,7 +37,13 @@ from sagc_jax.programs.shapes import (
     trains_signal_only,
     update_settings,
 )
-from sagc_jax.programs.update import batch_spec, packed_batch_spec, packed_rows_loss, rows_loss
+from sagc_jax.programs.update import (
+    PACKED,
+    PADDED,
+    batch_spec,
+    chunk_loss,
+    packed_batch_spec,
+)
 from sagc_jax.rl.logprobs import chunk_positions
 from sagc_jax.sim.roofline import (
     HARDWARE,
@@ -399,17 +405,17 @@ def _residual_bytes(cfg: Config, graphdef, params, base, rows: int, width: int) 
 
     settings = update_settings(cfg)
     if cfg.train.packing:
-        batch, chunk_loss = packed_batch_spec(rows, width), packed_rows_loss
+        batch, layout = packed_batch_spec(rows, width), PACKED
     else:
         new = cfg.sampling.max_new_tokens
-        batch, chunk_loss = batch_spec(rows, width - new, new), rows_loss
+        batch, layout = batch_spec(rows, width - new, new), PADDED
     ref = params if settings.kl_beta > 0 and base is None else None
 
     def loss(p, b, r, frozen):
         # The frozen weights take no gradient, so nothing is kept to compute one; what the
         # backward pass keeps of them is then the stop_gradient's output, an argument too.
         frozen = None if frozen is None else jax.lax.stop_gradient(frozen)
-        return chunk_loss(graphdef, p, r, b, 1.0, settings, frozen)[0]
+        return chunk_loss(layout, graphdef, p, r, b, 1.0, settings, frozen)[0]
 
     saved = saved_residuals(loss, params, batch, ref, base)
     frozen_here = f"output of stop_gradient from {__file__}:"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import chex
@@ -90,18 +91,47 @@ def reference_model(graphdef, params, ref_params, base=None):
     return ref
 
 
-def packed_rows_loss(
-    graphdef, params, ref_params, rows: dict, normalizer, settings, base=None, dropout_key=None
-):
-    """(loss, metrics) of the policy ``params`` (over ``base`` with LoRA, its adapters' inputs
-    dropped with ``dropout_key``) on a chunk of packed rows (``PACKED_KEYS``)."""
-    args = (rows["tokens"], rows["positions"], rows["segment_ids"], settings.temperature)
-    chunk = settings.logprob_chunk
-    logp = packed_logprobs(policy_model(graphdef, params, base), *args, dropout_key, chunk)
-    ref_logp = None
-    if settings.kl_beta > 0:
-        ref = reference_model(graphdef, params, ref_params, base)
-        ref_logp = jax.lax.stop_gradient(packed_logprobs(ref, *args, chunk=chunk))
+@dataclasses.dataclass(frozen=True)
+class RowLayout:
+    """How an update batch lays its rollouts in rows, and what the loss reads of them: the
+    padded layout (one rollout a row, ``BATCH_KEYS``) or the packed one (rollouts end to end,
+    ``PACKED_KEYS``, the aggregation folded into per-token weights). ``spec(batch)``: the
+    batch's contract from its own sizes; ``logprobs(model, rows, temperature, dropout_key,
+    chunk)``: float32 per scored position; ``loss(logp, ref_logp, rows, normalizer, settings)``:
+    (loss, metrics)."""
+
+    keys: tuple[str, ...]
+    spec: Callable[[dict], dict]
+    logprobs: Callable[..., jax.Array]
+    loss: Callable[..., tuple[jax.Array, dict]]
+
+
+def _padded_logprobs(model, rows, temperature, dropout_key=None, chunk=0):
+    args = (rows["prompt_ids"], rows["prompt_lens"], rows["completion"], temperature)
+    return completion_logprobs(model, *args, dropout_key, chunk)
+
+
+def _padded_loss(logp, ref_logp, rows, normalizer, settings):
+    return policy_loss(
+        logp,
+        rows["old_logp"],
+        rows["adv"],
+        rows["mask"],
+        normalizer,
+        aggregation=settings.aggregation,
+        eps_low=settings.eps_low,
+        eps_high=settings.eps_high,
+        kl_beta=settings.kl_beta,
+        ref_logp_bt=ref_logp,
+    )
+
+
+def _packed_logprobs(model, rows, temperature, dropout_key=None, chunk=0):
+    args = (rows["tokens"], rows["positions"], rows["segment_ids"], temperature)
+    return packed_logprobs(model, *args, dropout_key, chunk)
+
+
+def _packed_loss(logp, ref_logp, rows, normalizer, settings):
     return weighted_policy_loss(
         logp,
         rows["old_logp"],
@@ -116,7 +146,17 @@ def packed_rows_loss(
     )
 
 
-def rows_loss(
+def _padded_spec(batch: dict) -> dict:
+    rows, new_tokens = batch["mask"].shape
+    return batch_spec(rows, batch["prompt_ids"].shape[1], new_tokens)
+
+
+def _packed_spec(batch: dict) -> dict:
+    return packed_batch_spec(batch["mask"].shape[0], batch["tokens"].shape[1])
+
+
+def chunk_loss(
+    layout: RowLayout,
     graphdef,
     params,
     ref_params,
@@ -127,40 +167,18 @@ def rows_loss(
     dropout_key=None,
 ):
     """(loss, metrics) of the policy ``params`` (over ``base`` with LoRA, its adapters' inputs
-    dropped with ``dropout_key``) on a chunk of rollout rows (``BATCH_KEYS``)."""
-    logp = completion_logprobs(
-        policy_model(graphdef, params, base),
-        rows["prompt_ids"],
-        rows["prompt_lens"],
-        rows["completion"],
-        settings.temperature,
-        dropout_key,
-        settings.logprob_chunk,
-    )
+    dropped with ``dropout_key``) on a chunk of rows laid out as ``layout`` says; with a KL term
+    the reference policy's log-probs, without gradient."""
+    chunk = settings.logprob_chunk
+    model = policy_model(graphdef, params, base)
+    logp = layout.logprobs(model, rows, settings.temperature, dropout_key, chunk)
     ref_logp = None
     if settings.kl_beta > 0:
+        ref = reference_model(graphdef, params, ref_params, base)
         ref_logp = jax.lax.stop_gradient(
-            completion_logprobs(
-                reference_model(graphdef, params, ref_params, base),
-                rows["prompt_ids"],
-                rows["prompt_lens"],
-                rows["completion"],
-                settings.temperature,
-                chunk=settings.logprob_chunk,
-            )
+            layout.logprobs(ref, rows, settings.temperature, chunk=chunk)
         )
-    return policy_loss(
-        logp,
-        rows["old_logp"],
-        rows["adv"],
-        rows["mask"],
-        normalizer,
-        aggregation=settings.aggregation,
-        eps_low=settings.eps_low,
-        eps_high=settings.eps_high,
-        kl_beta=settings.kl_beta,
-        ref_logp_bt=ref_logp,
-    )
+    return layout.loss(logp, ref_logp, rows, normalizer, settings)
 
 
 def split_rows(x: jax.Array) -> jax.Array:
@@ -218,6 +236,15 @@ def packed_batch_spec(rows: int, pack_len: int, sharding=None) -> dict:
         k: jax.ShapeDtypeStruct(shapes[k], dtypes.get(k, jnp.float32), sharding=sharding)
         for k in PACKED_KEYS
     }
+
+
+PADDED = RowLayout(PADDED_KEYS, _padded_spec, _padded_logprobs, _padded_loss)
+PACKED = RowLayout(PACKED_KEYS, _packed_spec, _packed_logprobs, _packed_loss)
+
+
+def layout_of(batch: dict) -> RowLayout:
+    """The row layout of an update batch: packed when it has segment ids."""
+    return PACKED if "segment_ids" in batch else PADDED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,82 +340,99 @@ class PolicyPrograms:
     def _update_traced(
         self, params, opt_state, ref_params, base, batch, key, settings: UpdateSettings
     ):
-        packed = "segment_ids" in batch
-        keys, chunk_loss = (PACKED_KEYS, packed_rows_loss) if packed else (BATCH_KEYS, rows_loss)
-        n = batch["mask"].shape[0]
+        """The stages: the batch checked against its layout's spec; the rows of each of the
+        ``epochs x minibatches`` updates drawn (``update_order``); per update the gradient
+        accumulated over its micro-batch chunks (``accumulated_loss``) and the optimizer step
+        applied where loss and gradient are finite (``guarded_step``)."""
+        layout = layout_of(batch)
+        per_row = {k: batch[k] for k in layout.keys}
         # the batch's contract, checked when traced: its spec's shapes and dtypes, row for row
-        if packed:
-            spec = packed_batch_spec(n, batch["tokens"].shape[1])
-        else:
-            spec = batch_spec(n, batch["prompt_ids"].shape[1], batch["mask"].shape[1])
-        chex.assert_trees_all_equal_shapes_and_dtypes({k: batch[k] for k in keys}, spec)
-        mb, micro = settings.minibatches, settings.microbatches
-        mb_rows, micro_rows = n // mb, n // (mb * micro)
+        chex.assert_trees_all_equal_shapes_and_dtypes(per_row, layout.spec(batch))
+        n = batch["mask"].shape[0]
         # Every mini-batch is normalised by its share of the whole-batch denominator (rows left
         # out included: the rows' ``norm``), so the objective of one optimizer update is the
         # full-batch loss restricted to its rows.
-        normalizer = jnp.maximum(jnp.sum(batch["norm"]), 1.0) / mb
+        normalizer = jnp.maximum(jnp.sum(batch["norm"]), 1.0) / settings.minibatches
 
         def loss_fn(p, rows, dropout_key):
             if settings.lora_dropout == 0:
                 dropout_key = None
             loss, metrics = chunk_loss(
-                self.graphdef, p, ref_params, rows, normalizer, settings, base, dropout_key
+                layout, self.graphdef, p, ref_params, rows, normalizer, settings, base, dropout_key
             )
             # per-token means -> sums, so the update's metrics are means over all its tokens
             tokens = jnp.sum(rows["mask"])
             return loss, ({k: v * tokens for k, v in metrics.items()}, tokens)
 
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-        per_row = {k: batch[k] for k in keys}
 
         def one_update(carry, xs):
             (params, opt_state), (idx_r, update_key) = carry, xs
             rows = jax.tree.map(lambda x: split_rows(x[idx_r]), per_row)
-            # Chunk c holds rows c, c + micro, ...: each chunk keeps the rows' split over the
-            # mesh's batch axes (a leading-axis reshape would put chunks on different devices).
-            micro_rows_ = jax.tree.map(
-                lambda x: jnp.swapaxes(x.reshape(micro_rows, micro, *x.shape[1:]), 0, 1), rows
+            loss, (sums, tokens), grads = accumulated_loss(
+                grad_fn, params, rows, settings.microbatches, update_key
             )
-
-            chunk_keys = jax.random.split(update_key, micro)  # LoRA dropout's, one per chunk
-
-            def accumulate(acc, chunk):
-                (loss, metrics), grads = grad_fn(params, *chunk)
-                return jax.tree.map(jnp.add, acc, (loss, metrics, grads)), None
-
-            first = jax.tree.map(lambda x: x[0], micro_rows_)
-            (loss, metrics), grads = grad_fn(params, first, chunk_keys[0])
-            if micro > 1:
-                rest = jax.tree.map(lambda x: x[1:], micro_rows_), chunk_keys[1:]
-                (loss, metrics, grads), _ = jax.lax.scan(accumulate, (loss, metrics, grads), rest)
-            sums, tokens = metrics
-            metrics = {k: v / jnp.maximum(tokens, 1.0) for k, v in sums.items()}
-            grad_norm = optax.tree.norm(grads)
-            finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-            updates, new_opt_state = self.tx.update(grads, opt_state, params)
-            new_params = optax.apply_updates(params, updates)
-            keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
-            params = jax.tree.map(keep, new_params, params)
-            opt_state = jax.tree.map(keep, new_opt_state, opt_state)
+            params, opt_state, grad_norm, finite = guarded_step(
+                self.tx, loss, grads, params, opt_state
+            )
             out = {
                 "loss": loss,
                 "grad_norm": grad_norm,
                 "skipped": (~finite).astype(jnp.float32),
-                **metrics,
+                **{k: v / jnp.maximum(tokens, 1.0) for k, v in sums.items()},
             }
             return (params, opt_state), out
 
-        order = jnp.concatenate(
-            [
-                jax.random.permutation(jax.random.fold_in(key, epoch), n)
-                for epoch in range(settings.epochs)
-            ]
-        ).reshape(settings.epochs * mb, mb_rows)
-        # fold_in(key, epochs): apart from the permutations' fold_in(key, epoch < epochs)
-        update_keys = jax.random.split(jax.random.fold_in(key, settings.epochs), len(order))
-        xs = (order, update_keys)
+        xs = update_order(key, n, settings.epochs, settings.minibatches)
         (params, opt_state), per_update = jax.lax.scan(one_update, (params, opt_state), xs)
         metrics = jax.tree.map(jnp.mean, per_update)
         metrics["skipped"] = jnp.sum(per_update["skipped"])
         return params, opt_state, metrics
+
+
+def update_order(key, rows: int, epochs: int, minibatches: int):
+    """``(order, keys)``: the rows of each of the ``epochs x minibatches`` updates, int
+    ``[updates, rows / minibatches]`` (a permutation of the rows per epoch), and a key per update
+    (LoRA dropout's)."""
+    order = jnp.concatenate(
+        [jax.random.permutation(jax.random.fold_in(key, epoch), rows) for epoch in range(epochs)]
+    ).reshape(epochs * minibatches, rows // minibatches)
+    # fold_in(key, epochs): apart from the permutations' fold_in(key, epoch < epochs)
+    return order, jax.random.split(jax.random.fold_in(key, epochs), len(order))
+
+
+def accumulated_loss(grad_fn, params, rows: dict, micro: int, update_key):
+    """``(loss, metrics, grads)`` of one update's rows, summed over ``micro`` chunks (gradient
+    accumulation; ``grad_fn(params, chunk, dropout_key)`` gives each chunk's). Chunk c holds
+    rows c, c + micro, ...: each chunk keeps the rows' split over the mesh's batch axes (a
+    leading-axis reshape would put chunks on different devices)."""
+    micro_rows = jax.tree.leaves(rows)[0].shape[0] // micro
+    chunks = jax.tree.map(
+        lambda x: jnp.swapaxes(x.reshape(micro_rows, micro, *x.shape[1:]), 0, 1), rows
+    )
+    chunk_keys = jax.random.split(update_key, micro)  # LoRA dropout's, one per chunk
+
+    def accumulate(acc, chunk):
+        (loss, metrics), grads = grad_fn(params, *chunk)
+        return jax.tree.map(jnp.add, acc, (loss, metrics, grads)), None
+
+    first = jax.tree.map(lambda x: x[0], chunks)
+    (loss, metrics), grads = grad_fn(params, first, chunk_keys[0])
+    if micro > 1:
+        rest = jax.tree.map(lambda x: x[1:], chunks), chunk_keys[1:]
+        (loss, metrics, grads), _ = jax.lax.scan(accumulate, (loss, metrics, grads), rest)
+    return loss, metrics, grads
+
+
+def guarded_step(tx, loss, grads, params, opt_state):
+    """``(params, opt_state, grad_norm, finite)`` after the optimizer's step, or as they were
+    where the loss or the gradient is not finite (the step skipped, as optax's
+    ``apply_if_finite``)."""
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    updates, new_opt_state = tx.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+    params = jax.tree.map(keep, new_params, params)
+    opt_state = jax.tree.map(keep, new_opt_state, opt_state)
+    return params, opt_state, grad_norm, finite

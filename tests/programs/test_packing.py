@@ -34,13 +34,14 @@ from sagc_jax.programs.packing import (
 )
 from sagc_jax.programs.state import PolicyState
 from sagc_jax.programs.update import (
+    PACKED,
+    PADDED,
     PolicyPrograms,
     StateShardings,
     UpdateSettings,
+    chunk_loss,
     completion_logprobs,
     packed_logprobs,
-    packed_rows_loss,
-    rows_loss,
 )
 from sagc_jax.rl import completion_mask, loss_normalizer
 from sagc_jax.rl.losses import AGGREGATIONS, Aggregation
@@ -301,12 +302,18 @@ def _padded_equals_packed(aggregations: list[str]) -> None:
             norm_packed = jnp.maximum(jnp.sum(packed[agg]["norm"]), 1.0)
 
             def padded_loss(p, s=s, norm=norm):
-                return rows_loss(graphdef, p, ref, b, norm, s)
+                return chunk_loss(PADDED, graphdef, p, ref, b, norm, s)
 
             def packed_loss(p, s=s, norm=norm_packed, batch=packed[agg]):
                 losses = [
-                    packed_rows_loss(
-                        graphdef, p, ref, jax.tree.map(lambda x, c=c: x[c::2], batch), norm, s
+                    chunk_loss(
+                        PACKED,
+                        graphdef,
+                        p,
+                        ref,
+                        jax.tree.map(lambda x, c=c: x[c::2], batch),
+                        norm,
+                        s,
                     )[0]
                     for c in range(2)
                 ]
