@@ -111,18 +111,21 @@ def _padded_logprobs(model, rows, temperature, dropout_key=None, chunk=0):
     return completion_logprobs(model, *args, dropout_key, chunk)
 
 
-def _padded_loss(logp, ref_logp, rows, normalizer, settings):
-    return policy_loss(
-        logp,
-        rows["old_logp"],
-        rows["adv"],
-        rows["mask"],
-        normalizer,
-        aggregation=settings.aggregation,
+def _clip_and_kl(settings, ref_logp) -> dict:
+    """The keywords both losses take: the ratio's clip range and the KL term."""
+    return dict(
         eps_low=settings.eps_low,
         eps_high=settings.eps_high,
         kl_beta=settings.kl_beta,
         ref_logp_bt=ref_logp,
+    )
+
+
+def _padded_loss(logp, ref_logp, rows, normalizer, settings):
+    per_token = (logp, rows["old_logp"], rows["adv"], rows["mask"])
+    aggregation = settings.aggregation
+    return policy_loss(
+        *per_token, normalizer, aggregation=aggregation, **_clip_and_kl(settings, ref_logp)
     )
 
 
@@ -132,18 +135,8 @@ def _packed_logprobs(model, rows, temperature, dropout_key=None, chunk=0):
 
 
 def _packed_loss(logp, ref_logp, rows, normalizer, settings):
-    return weighted_policy_loss(
-        logp,
-        rows["old_logp"],
-        rows["adv"],
-        rows["mask"],
-        rows["weight"],
-        normalizer,
-        eps_low=settings.eps_low,
-        eps_high=settings.eps_high,
-        kl_beta=settings.kl_beta,
-        ref_logp_bt=ref_logp,
-    )
+    per_token = (logp, rows["old_logp"], rows["adv"], rows["mask"], rows["weight"])
+    return weighted_policy_loss(*per_token, normalizer, **_clip_and_kl(settings, ref_logp))
 
 
 def _padded_spec(batch: dict) -> dict:
