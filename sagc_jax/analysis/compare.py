@@ -12,6 +12,7 @@ from pathlib import Path
 from sagc_jax.analysis.study import (
     CALIBRATION,
     MEASURES,
+    MODELED,
     format_accuracy_over_evals,
     format_paired,
     format_rows,
@@ -36,10 +37,8 @@ def run_config(cfg: Config, spec: str, seed: int, steps: int | None) -> Config:
         data["controller"]["group_size"] = arg
     elif kind == "hybrid" and arg is not None:
         data["controller"]["hybrid"]["mode"] = arg
-    for entry in CONTROLLERS.values():  # the controllers with a random generator
-        if entry.seeded:
-            own = entry.seeded
-            data["controller"][own]["seed"] = getattr(cfg.controller, own).seed + seed
+    for own in (e.seeded for e in CONTROLLERS.values() if e.seeded):  # a random generator's
+        data["controller"][own]["seed"] = getattr(cfg.controller, own).seed + seed
     data["train"]["seed"] = cfg.train.seed + seed
     if steps is not None:
         data["train"]["steps"] = steps
@@ -127,7 +126,7 @@ def format_tables(result: dict) -> str:
             "[Wilson 95% interval] (right/asked):\n\n"
         )
         text += format_accuracy_over_evals(result["accuracy_over_evals"])
-    modeled = [m for m in MEASURES if m[0].endswith("_s") and "wall" not in m[0]]
+    modeled = [m for m in MEASURES if m[0] in MODELED]
     for also in result.get("also", []):
         text += f"\n\nThe same runs timed as {also['timed']}:\n\n"
         text += format_rows(also["rows"], modeled, timed=also["timed"])

@@ -64,6 +64,9 @@ MEASURES = (
     ("decode_slots_M", "decode slots (M)", "{:.2f}"),
     ("update_tokens_M", "update tokens (M)", "{:.2f}"),
 )
+# the keys of MEASURES that are modeled times (not the wall-clock's): the tables of a second
+# accelerator (``compare --also-hardware``) show these alone
+MODELED = tuple(key for key, _, _ in MEASURES if key.endswith("_s") and "wall" not in key)
 # (key, title, format) of the calibration table of prompt-aware (hybrid) controllers.
 CALIBRATION = (
     ("predicted_s_t", "mean predicted straggler rate", "{:.3f}"),
@@ -371,7 +374,7 @@ def format_paired(rows: list[dict], timed: str = "", modeled_only: bool = False)
     """Markdown: paired differences (subject - other, same seeds), mean ± 95% CI, and for the
     times the ratio of the means; ``modeled_only``: the modeled times alone."""
     titles = {key: title.format(timed=timed) for key, title, _ in MEASURES}
-    paired = [p for p in PAIRED if not modeled_only or (p[0].endswith("_s") and "wall" not in p[0])]
+    paired = [p for p in PAIRED if not modeled_only or p[0] in MODELED]
     lines = [
         "| paired | " + " | ".join(f"Δ {titles[key]}" for key, _ in paired) + " |",
         "|" + " --- |" * (len(paired) + 1),

@@ -87,6 +87,12 @@ def beta_moment(mean: float, var: float, n: int) -> float:
     return out
 
 
+def _below(seconds_k: np.ndarray) -> np.ndarray:
+    """Per rung, the seconds of the rung below it (1 below the smallest: its entry of a ratio
+    is its own seconds)."""
+    return np.concatenate([[1.0], seconds_k[:-1]])
+
+
 class SAGCValueController(SAGCPlusController):
     """SAGC+'s budget, G for signal per second; see the module docstring.
 
@@ -159,8 +165,9 @@ class SAGCValueController(SAGCPlusController):
         """Estimated modeled seconds of a step at each rung (0 before any step); ``[K]``."""
         if self.below_sum[0] <= 0.0:
             return np.zeros(len(self.candidates))
-        below = np.concatenate([[1.0], self.last_seconds[:-1]])
-        ratio = (self.seconds_sum + self.last_seconds) / (self.below_sum + below)
+        ratio = (self.seconds_sum + self.last_seconds) / (
+            self.below_sum + _below(self.last_seconds)
+        )
         return np.cumprod(ratio)
 
     def signal_per_second(self) -> np.ndarray:
@@ -255,9 +262,8 @@ class SAGCValueController(SAGCPlusController):
         measured = self.sizes_k <= g
         self.seconds_sum[measured] *= gamma  # a rung not timed keeps what it learned
         self.below_sum[measured] *= gamma
-        below = np.concatenate([[1.0], t_k[:-1]])
         self.seconds_sum[measured] += t_k[measured]
-        self.below_sum[measured] += below[measured]
+        self.below_sum[measured] += _below(t_k)[measured]
 
     # ------------------------------------------------------------------ state
 
@@ -278,10 +284,10 @@ class SAGCValueController(SAGCPlusController):
         ratios of sums (``log_ratio``, ``timed``, ``log_bound``) restores all but them: they are
         learned again from the next step (until then the controller plays SAGC+'s rung)."""
         super().load_state_dict(state)
-        timing = ("seconds_sum", "below_sum", "last_seconds")
-        for key in ("signal", "groups", "success", *timing):
-            if key in timing and "log_ratio" in state:
-                setattr(self, key, np.zeros(len(self.candidates)))
-                continue
+        for key in ("signal", "groups", "success"):
             setattr(self, key, np.array(state[key], dtype=np.float64))
+        relearn = "log_ratio" in state  # the old format's timings: learned again
+        for key in ("seconds_sum", "below_sum", "last_seconds"):
+            k = len(self.candidates)
+            setattr(self, key, np.zeros(k) if relearn else np.array(state[key], dtype=np.float64))
         self.ceiling = int(state["ceiling"])

@@ -1,7 +1,7 @@
 """The compiled policy update of a GRPO step, and the log-probability functions it uses.
 
 The update is jitted once per input shape and takes one of two batches:
-- padded (``BATCH_KEYS``): one row per trained rollout, ``prompt_bucket + max_new_tokens``
+- padded (``PADDED_KEYS``): one row per trained rollout, ``prompt_bucket + max_new_tokens``
   wide, the row count one rung of a ladder (every rollout: the step's rollouts, one program per
   candidate G) times each prompt bucket;
 - packed (``PACKED_KEYS``, built by ``programs.packing``): rollouts' real tokens laid end to end
@@ -94,7 +94,7 @@ def reference_model(graphdef, params, ref_params, base=None):
 @dataclasses.dataclass(frozen=True)
 class RowLayout:
     """How an update batch lays its rollouts in rows, and what the loss reads of them: the
-    padded layout (one rollout a row, ``BATCH_KEYS``) or the packed one (rollouts end to end,
+    padded layout (one rollout a row, ``PADDED_KEYS``) or the packed one (rollouts end to end,
     ``PACKED_KEYS``, the aggregation folded into per-token weights). ``spec(batch)``: the
     batch's contract from its own sizes; ``logprobs(model, rows, temperature, dropout_key,
     chunk)``: float32 per scored position; ``loss(logp, ref_logp, rows, normalizer, settings)``:
@@ -201,13 +201,8 @@ class UpdateSettings:
         return self.kl_beta == 0
 
 
-# The padded update batch: every entry has one row per rollout (split over the mesh's batch
-# axes), built by ``programs.packing.padded_update_batch``.
-BATCH_KEYS = PADDED_KEYS
-
-
 def batch_spec(rows: int, prompt_len: int, new_tokens: int, sharding=None) -> dict:
-    """ShapeDtypeStructs of an update batch (``BATCH_KEYS``) of ``rows`` rollouts."""
+    """ShapeDtypeStructs of an update batch (``PADDED_KEYS``) of ``rows`` rollouts."""
     shapes = {
         "prompt_ids": ((rows, prompt_len), jnp.int32),
         "prompt_lens": ((rows,), jnp.int32),
@@ -308,7 +303,7 @@ class PolicyPrograms:
         LoRA, ``params`` are the adapters (the only arrays differentiated and in the optimizer
         state) and ``base`` the frozen weights under them, neither donated nor changed.
 
-        batch: padded (``BATCH_KEYS``, from ``programs.packing.padded_update_batch``):
+        batch: padded (``PADDED_KEYS``, from ``programs.packing.padded_update_batch``):
         prompt_ids [N, P], prompt_lens [N], completion [N, L], old_logp [N, L] (rollout time),
         mask [N, L], adv [N], norm [N]; or packed (``PACKED_KEYS``, from
         ``programs.packing.pack_update_batch``): [R, pack_len] per token and norm [R]. Numpy or

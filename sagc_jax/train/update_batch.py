@@ -1,6 +1,6 @@
 """The update's input from a step's rollouts: global arrays over the mesh, either packed into
 the row-count rung every process agrees on (``train.packing``; see ``programs.packing``) or
-one padded row per rollout (``programs.update.BATCH_KEYS``); in both, only the rollouts whose
+one padded row per rollout (``programs.packing.PADDED_KEYS``); in both, only the rollouts whose
 gradient can be non-zero (``UpdateBatcher.trained``)."""
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ def test_dropout_acts_only_with_a_key():
 
 
 def _update_batch(rows=8, prompt=6, new=12, seed=0):
-    """A padded update batch (programs.BATCH_KEYS) with random tokens and advantages."""
+    """A padded update batch (programs.packing.PADDED_KEYS) with random tokens and advantages."""
     rng = np.random.default_rng(seed)
     return {
         "norm": np.ones((rows,), np.float32),  # GRPO's seq_mean: one per sequence

@@ -86,7 +86,7 @@ def pack(b: dict, aggregation: str, rows: int, pack_len: int = P + L, trained=No
 
 
 def padded(b: dict, aggregation: str, rows: int | None = None, trained=None) -> dict:
-    """``b`` as the padded update batch (``BATCH_KEYS``): the trained rollouts in ``rows``."""
+    """``b`` as the padded update batch (``PADDED_KEYS``): the trained rollouts in ``rows``."""
     rows = len(b["adv"]) if rows is None else rows
     return padded_update_batch(
         *_inputs(b), aggregation=aggregation, max_new_tokens=L, rows=rows, trained_b=trained
