@@ -22,7 +22,7 @@ import numpy as np
 from sagc_jax.analysis.compare import format_tables
 from sagc_jax.analysis.study import mean_ci, study
 from sagc_jax.config import load_config
-from sagc_jax.planning.plan import step_timer
+from sagc_jax.planning.timing import step_timer
 from sagc_jax.train.metrics import read_metrics
 
 ARMS = {  # name in the table: (directory under --runs, run name prefix)

@@ -52,7 +52,7 @@ from controller_quality import cell  # a mean ± its 95% CI, as that table print
 from sagc_jax.config import ControllerConfig, load_config
 from sagc_jax.controller import StepObservation, make_controller, varied_groups
 from sagc_jax.controller.sagc_value import beta_moment
-from sagc_jax.planning.plan import step_timer
+from sagc_jax.planning.timing import step_timer
 from sagc_jax.sim.worlds import TailWorld, rates_table
 
 CANDIDATES = (4, 8, 16)

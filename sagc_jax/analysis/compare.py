@@ -21,8 +21,7 @@ from sagc_jax.analysis.study import (
 )
 from sagc_jax.config import Config, from_dict, parse_controller_spec, to_dict
 from sagc_jax.controller.registry import CONTROLLERS
-from sagc_jax.planning.plan import step_timer
-from sagc_jax.tasks.source import with_resolved_buckets
+from sagc_jax.planning.timing import step_timer
 from sagc_jax.train.loop import Trainer
 from sagc_jax.train.metrics import read_metrics
 from sagc_jax.train.safety.faults import Interrupted, phase, resume_hint
@@ -77,7 +76,7 @@ def compare(
             with phase(what, f"finished runs are kept in {out_dir}; {hint}"):
                 with phase("start-up"):
                     trainer = Trainer(run_config(cfg, spec, seed, steps), run_dir)
-                timed_cfg = with_resolved_buckets(cfg, trainer.source)  # "auto": the data's
+                timed_cfg = trainer.cfg  # as resolved: "auto" buckets the data's
                 try:
                     done = "already done, " if trainer.finished else ""
                     resumed = f"resuming from step {trainer.step}, " if trainer.step else ""

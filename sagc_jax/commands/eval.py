@@ -92,7 +92,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         else:
             params = load_run_params(path, params, unfinished_ok=True)
     sampler = policy_sampler(
-        graphdef, model.config, source.tokenizer, sampling=cfg.sampling, slots=_eval_slots(cfg)
+        graphdef,
+        model.config,
+        source.tokenizer,
+        sampling=cfg.sampling,
+        slots=_eval_slots(cfg, source),
     )
     with phase("the evaluation"):
         completions = heldout_completions(sampler, params, source, cfg, args.num, args.samples)
@@ -143,15 +147,17 @@ def _write_tail(out: Path, completions, cfg, path: Path) -> dict:
     return {f"tail/{k}": v for k, v in tail.items()}
 
 
-def _eval_slots(cfg) -> int:
+def _eval_slots(cfg, source) -> int:
     """Rows decoding at once: as many as a step of the run's largest G decodes (``sampling.slots``;
-    ``auto`` taken as every rollout of that step, its upper bound), so that K samples of every
-    held-out prompt stream through no larger a KV cache than training held."""
-    from sagc_jax.controller import make_controller
-    from sagc_jax.programs.shapes import decode_rows
+    ``auto``: the run resolved as the trainer resolves it, on the one device eval decodes on),
+    so that K samples of every held-out prompt stream through no larger a KV cache than
+    training held."""
+    from sagc_jax.config import MeshConfig
+    from sagc_jax.parallel import ShardingPlan
+    from sagc_jax.planning.resolve import device_memory, resolve_run
 
-    slots = 0 if cfg.sampling.slots == "auto" else cfg.sampling.slots
-    return decode_rows(cfg, max(make_controller(cfg.controller).candidates), slots)
+    one_device = ShardingPlan.abstract(MeshConfig(), 1)  # eval decodes unsharded
+    return resolve_run(cfg, one_device, source=source, device_bytes=device_memory()[0]).eval_slots
 
 
 def _is_model_dir(path: Path) -> bool:

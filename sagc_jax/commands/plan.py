@@ -74,46 +74,50 @@ def add_parser(subparsers) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from sagc_jax.planning.plan import format_plan, format_step, memory_plan, step_prediction
+    import jax
+
+    from sagc_jax.parallel import ShardingPlan
+    from sagc_jax.planning.memory import format_plan
+    from sagc_jax.planning.resolve import resolve_run
+    from sagc_jax.planning.timing import format_step, step_prediction
     from sagc_jax.sim.roofline import HARDWARE
 
     cfg = load_config(args.config, args.overrides)
     if args.devices is not None and args.devices < 1:
         raise UserError(f"--devices {args.devices}: must be >= 1")
-    if cfg.sampling.prompt_buckets == "auto":  # the longest bucket comes from the data
-        from sagc_jax.programs.policy import build_tokenizer
-        from sagc_jax.tasks.source import make_source, with_resolved_buckets
-
-        tokenizer = build_tokenizer(cfg) if cfg.data.task != "synthetic" else None
-        cfg = with_resolved_buckets(cfg, make_source(cfg, tokenizer))
-    import jax
-
+    if args.compile is not None:
+        return _plan_compile(cfg, args)
     devices = args.devices or jax.device_count()
     memory = args.device_memory
     if memory is None and args.devices is None:  # planning for this machine's devices
-        from sagc_jax.train.safety.preflight import device_memory
+        from sagc_jax.planning.resolve import device_memory
 
         memory = device_memory()[0] / 1024**3  # on CPU: the host's, shared by its devices
+    if memory is None and args.hardware in HARDWARE:
+        memory = HARDWARE[args.hardware].memory_gib
+    memory_bytes = int(memory * 1024**3) if memory else None
+    plan = ShardingPlan.abstract(cfg.mesh, devices)
+    shape = resolve_run(cfg, plan, device_bytes=memory_bytes, what_if=True)
+    cfg = shape.cfg
     if args.lora_compare is not None:
-        from sagc_jax.planning.plan import format_lora_comparison, lora_comparison
+        from sagc_jax.planning.memory import format_lora_comparison, lora_comparison
 
         if args.lora_compare < 1:
             raise UserError(f"--lora-compare {args.lora_compare}: the rank must be >= 1")
         print(format_lora_comparison(*lora_comparison(cfg, devices, args.lora_compare)))
         return 0
-    if args.compile is not None:
-        return _plan_compile(cfg, args)
     step = None
     if args.hardware is not None:  # first: an unknown name stops before anything is printed
         step = step_prediction(cfg, args.hardware, devices, args.mean_new_tokens)
-        memory = memory or HARDWARE[args.hardware].memory_gib
-    print(format_plan(memory_plan(cfg, devices, int(memory * 1024**3) if memory else None), memory))
+    print(format_plan(shape.memory_plan, memory))
     if args.devices is None and jax.devices()[0].platform == "cpu":
         print(
             "on CPU the devices' memory is this process's own: Python, jax, the data and the "
             "compiled programs come on top (plan --compile cpu measures them and estimates the "
             "run's peak resident memory)"
         )
+    if shape.refused:
+        print(f"a run of this config on {devices} devices would stop at start-up: {shape.refused}")
     if step is not None:
         print()
         print(format_step(step))
@@ -167,7 +171,7 @@ def _plan_compile(cfg: Config, args: argparse.Namespace) -> int:
     if line:
         raise UserError(line)
     if args.hardware is not None:  # the step's update timed by the compiled program's FLOPs
-        from sagc_jax.planning.plan import format_step, step_prediction
+        from sagc_jax.planning.timing import format_step, step_prediction
 
         update = compiled_update(compiled)
         flops = None

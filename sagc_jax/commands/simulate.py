@@ -82,7 +82,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def _compare_and_report(args, workload_factory, command: str):
     """Play sim.controllers over the workload, print and write the table; returns the
     ``StepTimer`` that timed the steps."""
-    from sagc_jax.planning.plan import step_timer
+    from sagc_jax.planning.timing import step_timer
     from sagc_jax.sim import compare
     from sagc_jax.sim.report import format_table, summary_rows, write_csv, write_plots
 

@@ -18,12 +18,12 @@ import numpy as np
 import optax
 from flax import nnx
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
 from sagc_jax.config import MeshConfig
 from sagc_jax.models import KVCache
 from sagc_jax.models import axes as ax
-from sagc_jax.parallel.mesh import BATCH_AXES, RULES, batch_shards, make_mesh
+from sagc_jax.parallel.mesh import BATCH_AXES, MESH_AXES, RULES, batch_shards, make_mesh, mesh_shape
 
 
 class ShardingPlan:
@@ -39,6 +39,13 @@ class ShardingPlan:
     @classmethod
     def from_config(cls, cfg: MeshConfig, devices=None) -> ShardingPlan:
         return cls(make_mesh(cfg, devices))
+
+    @classmethod
+    def abstract(cls, cfg: MeshConfig, num_devices: int) -> ShardingPlan:
+        """The plan of ``cfg`` on an ``AbstractMesh`` of ``num_devices``: shardings of shapes,
+        no device attached (``sagc-jax plan`` for any slice)."""
+        sizes = mesh_shape(cfg, num_devices)
+        return cls(AbstractMesh(tuple(sizes[a] for a in MESH_AXES), MESH_AXES))
 
     def describe(self) -> str:
         sizes = ", ".join(f"{a}={n}" for a, n in self.mesh.shape.items())

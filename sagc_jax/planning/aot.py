@@ -17,27 +17,20 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import math
 import re
 import time
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from sagc_jax.config import Config, ConfigError
-from sagc_jax.controller import make_controller
 from sagc_jax.models.layers import attention_platform
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.planning.host_memory import resident_bytes
-from sagc_jax.planning.plan import GIB, architecture, memory_plan
+from sagc_jax.planning.memory import GIB, device_bytes
+from sagc_jax.planning.resolve import RunShape, resolve_run
 from sagc_jax.programs.packing import row_ladder
-from sagc_jax.programs.shapes import (
-    RunShape,
-    check_batch_shapes,
-)
-from sagc_jax.programs.state import abstract_policy, build_run
 from sagc_jax.programs.update import batch_spec, packed_batch_spec
 from sagc_jax.sampling.sampler import Sampler
 from sagc_jax.sim.roofline import HARDWARE, model_costs, update_passes
@@ -175,15 +168,6 @@ class Compiled:
         return self.argument + self.output - self.alias + self.temporary + self.program.resident
 
 
-def device_bytes(tree) -> int:
-    """Bytes of one device's pieces of ``tree`` (ShapeDtypeStructs with NamedShardings)."""
-    total = 0
-    for x in jax.tree.leaves(tree):
-        shard = x.sharding.shard_shape(x.shape)
-        total += math.prod(shard) * np.dtype(x.dtype).itemsize
-    return total
-
-
 def loops_counted_once(devices) -> bool:
     """Whether the target's cost analysis counts a loop's body once (XLA's HLO cost analysis
     does, whatever the trip count): probed with a 4-step scan of one matmul."""
@@ -206,18 +190,13 @@ def run_programs(cfg: Config, target: Target, shapes: str = "largest") -> list[P
         raise ConfigError(f"--shapes {shapes}: use largest or all")
     plan = ShardingPlan.from_config(cfg.mesh, target.devices)
     processes = target.processes
-    controller = make_controller(cfg.controller)
-    check_batch_shapes(cfg, controller.candidates, plan.batch_shards, processes)
-    shape = RunShape(
-        cfg, controller.candidates, processes, plan.batch_shards, _rollout_slots(cfg, target)
-    )
-    arch, _ = architecture(cfg)
+    shape = resolve_run(cfg, plan, processes=processes, device_bytes=target.memory_bytes)
+    cfg, memory = shape.cfg, shape.memory
     m, s, t = cfg.model, cfg.sampling, cfg.train
 
-    # The run's state, abstract, built as the trainer builds it.
-    policy = abstract_policy(arch, plan)
-    run, state = build_run(cfg, plan, policy, concrete=False)
-    decoded = policy.params  # what the samplers decode (with LoRA: the base, merged into)
+    # The run's state, abstract, as the trainer builds it (the memory model's).
+    arch, run, state = memory.arch, memory.run, memory.state
+    decoded = memory.decoded  # what the samplers decode (with LoRA: the base, merged into)
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=plan.replicated)
 
     # What stays in memory beside a sampler: everything trained, less what it decodes.
@@ -269,9 +248,11 @@ def run_programs(cfg: Config, target: Target, shapes: str = "largest") -> list[P
     for label, (rollouts, prompts) in shape.rollouts.items():
         g = rollouts // prompts
         with attention_platform(target.platform):  # the residuals of the target's attention
-            estimates[label] = _formula(
-                cfg, len(target.devices), g, rollout_sampler.slots_for(rollouts)
-            )
+            planned = memory.plan(rollout_sampler.slots_for(rollouts), g)
+            estimates[label] = {
+                "sampler": planned.during("sampling"),
+                "update": planned.during("update"),
+            }
         for bucket in buckets:
             lower = on_target(
                 rollout_sampler.lower,
@@ -350,17 +331,6 @@ def _unique(programs: list[Program]) -> list[Program]:
     return out
 
 
-def _rollout_slots(cfg: Config, target: Target) -> int:
-    slots = cfg.sampling.slots
-    if slots != "auto":
-        return slots
-    from sagc_jax.planning.plan import auto_slots
-
-    if target.memory_bytes is None:
-        raise ConfigError("sampling.slots = auto needs the device memory: pass --device-memory")
-    return auto_slots(cfg, len(target.devices), target.memory_bytes)
-
-
 def _update_batches(shape: RunShape, plan, rollouts: int, buckets, shapes: str):
     """(global rows, tokens per row, abstract batch) of each update program of a step of
     ``rollouts`` rollouts: the packed rungs (the top one with ``largest``) or one padded batch
@@ -375,13 +345,6 @@ def _update_batches(shape: RunShape, plan, rollouts: int, buckets, shapes: str):
         (r * processes, pack_len, packed_batch_spec(r * processes, pack_len, plan.rows))
         for r in rungs
     ]
-
-
-def _formula(cfg: Config, devices: int, group_size: int, slots: int) -> dict[str, int]:
-    """``sagc-jax plan``'s per-device bytes while the sampler and while the update of G =
-    ``group_size`` run (each with the run's state)."""
-    plan = memory_plan(cfg, devices, slots=slots, group_size=group_size)
-    return {"sampler": plan.during("sampling"), "update": plan.during("update")}
 
 
 def _update_flops(

@@ -13,6 +13,7 @@ from flax import nnx
 
 from sagc_jax.config import Config, ConfigError
 from sagc_jax.models import Decoder, DecoderConfig, Tokenizer, get_preset, load_hf_checkpoint
+from sagc_jax.models.hf_checkpoint import hf_architecture
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.tasks import CharTokenizer
 
@@ -124,3 +125,17 @@ def preset_architecture(cfg: Config, tokenizer=None) -> DecoderConfig:
     if isinstance(tokenizer, CharTokenizer):  # a small vocab keeps the CPU demo fast
         arch = arch.replace(vocab_size=tokenizer.vocab_size)
     return arch
+
+
+def architecture(cfg: Config) -> tuple[DecoderConfig, str]:
+    """The model's shapes: the HF checkpoint's config.json if present, else the preset."""
+    m = cfg.model
+    if m.hf_checkpoint and (Path(m.hf_checkpoint) / "config.json").is_file():
+        # a bad config.json: one line naming it
+        arch = hf_architecture(m.hf_checkpoint, **run_settings(cfg))
+        return arch, f"{m.hf_checkpoint}/config.json"
+    source = f"preset {m.preset}"
+    if m.hf_checkpoint:
+        source += f" ({m.hf_checkpoint} not found)"
+    synthetic = cfg.data.task == "synthetic"  # its character vocabulary
+    return preset_architecture(cfg, CharTokenizer() if synthetic else None), source

@@ -1,16 +1,14 @@
-"""What a run's config makes of its shapes and settings, for the trainer and for ``plan``:
-prompts and rollout rows per step at each G, the checks that every candidate G splits into the
-mesh's shards, the processes and the (micro)batches, the update program's static settings and
-the optimizer."""
+"""What a run's config makes of its shapes and settings (``planning.resolve.resolve_run`` reads
+them once for a run): prompts and rollout rows per step at each G, the checks that every
+candidate G splits into the mesh's shards, the processes and the (micro)batches, the update
+program's static settings and the optimizer."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 from sagc_jax.config import Config, ConfigError
 from sagc_jax.programs.optim import make_optimizer
-from sagc_jax.programs.packing import resolve_pack_len, row_multiple
 from sagc_jax.programs.tail import TailBatcher
 from sagc_jax.programs.update import UpdateSettings
 from sagc_jax.rl import ALGORITHMS
@@ -60,59 +58,6 @@ def tail_rollout_shapes(
         keep, extra = tail.shape(prompts_for(cfg, g))
         shapes[g] = ((keep + extra) * processes, keep)
     return shapes
-
-
-@dataclasses.dataclass(frozen=True)
-class RunShape:
-    """A run's shapes with every "auto" resolved, once at start-up from the config, the data
-    source and the devices; what the samplers, the update batch, compile-ahead and ``plan
-    --compile`` read instead of resolving again.
-
-    ``cfg``: the run's config with its prompt buckets concrete (``sampling.prompt_buckets:
-    auto`` resolved from the data); ``slots``: rollout rows decoding at once (0: every rollout
-    of a step; ``sampling.slots: auto`` resolved from the devices' memory)."""
-
-    cfg: Config
-    candidates: tuple[int, ...]  # the controller's group sizes
-    processes: int
-    batch_shards: int  # the mesh's batch shards (the plan's)
-    slots: int
-
-    @property
-    def buckets(self) -> tuple[int, ...]:
-        return tuple(self.cfg.sampling.prompt_buckets)
-
-    @property
-    def pack_len(self) -> int:
-        """Tokens of a packed update row (``train.pack_len``; 0: the longest bucket plus
-        ``sampling.max_new_tokens``)."""
-        t, s = self.cfg.train, self.cfg.sampling
-        return resolve_pack_len(t.pack_len, self.buckets, s.max_new_tokens)
-
-    @property
-    def row_multiple(self) -> int:
-        """What each process's update rows must be a multiple of (minibatches x microbatches
-        x its share of the batch shards)."""
-        t = self.cfg.train
-        return row_multiple(t.minibatches, t.microbatches, self.batch_shards, self.processes)
-
-    @property
-    def eval_slots(self) -> int:
-        """Rows the held-out evaluation decodes at once: the largest G's step's, which the
-        memory check counts (more held-out prompts stream through them)."""
-        return decode_rows(self.cfg, max(self.candidates), self.slots)
-
-    @property
-    def rollouts(self) -> dict[str, tuple[int, int]]:
-        """``rollout_shapes`` of the run: (rollouts, prompts) of each sampler program."""
-        return rollout_shapes(self.cfg, self.candidates)
-
-    @property
-    def tail_rollouts(self) -> dict[int, tuple[int, int]]:
-        """``tail_rollout_shapes`` of the run (empty without tail batching)."""
-        if not self.cfg.tail_batching.enabled:
-            return {}
-        return tail_rollout_shapes(self.cfg, self.candidates, self.processes)
 
 
 def check_hybrid(cfg: Config, processes: int = 1) -> None:

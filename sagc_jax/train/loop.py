@@ -26,18 +26,17 @@ import numpy as np
 from sagc_jax.config import Config
 from sagc_jax.parallel import ShardingPlan, any_process, gather_rows, is_leader
 from sagc_jax.planning.host_memory import trim_after_compiles
-from sagc_jax.planning.plan import controller_for_run
+from sagc_jax.planning.resolve import device_memory, resolve_run
 from sagc_jax.programs.policy import (
     build_sharded_policy,
     build_tokenizer,
 )
-from sagc_jax.programs.shapes import RunShape, check_batch_shapes, check_hybrid
 from sagc_jax.programs.state import build_run
 from sagc_jax.programs.tail import TailBatcher
 from sagc_jax.programs.update import batch_spec
 from sagc_jax.rl import ALGORITHMS, group_advantages
 from sagc_jax.sampling.padding import bucket_length
-from sagc_jax.tasks.source import data_identity, make_source, with_resolved_buckets
+from sagc_jax.tasks.source import data_identity, make_source
 from sagc_jax.train.control import agreed_group_size, observe
 from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
 from sagc_jax.train.hooks import (
@@ -61,7 +60,7 @@ from sagc_jax.train.metrics import (
 )
 from sagc_jax.train.rollout import StepPrompts, sample_step
 from sagc_jax.train.safety.faults import StopRequest, crash_point, phase, resume_hint
-from sagc_jax.train.safety.preflight import check_device_memory, check_free_space, rollout_slots
+from sagc_jax.train.safety.preflight import check_free_space
 from sagc_jax.train.safety.run_state import RunState
 from sagc_jax.train.safety.runlock import RunLock
 from sagc_jax.train.update_batch import UpdateBatcher
@@ -72,8 +71,7 @@ class Trainer:
     """Owns the policy, optimizer, controller, programs and run directory of one RL run."""
 
     def __init__(self, cfg: Config, run_dir: str | Path, *, log: bool = True):
-        check_hybrid(cfg, jax.process_count())
-        self.cfg = cfg
+        self.cfg = cfg  # as given; resolved (``self.shape.cfg``) once the data is read
         self.run_dir = Path(run_dir)
         self.leader = is_leader()  # only process 0 writes logs and prints
         # The run directory first: writable and free, before anything is built or compiled.
@@ -100,20 +98,21 @@ class Trainer:
         )
         self.tokenizer = self.source.tokenizer
         data_id = data_identity(cfg)  # the files as read: checkpoints record it
-        resolved = with_resolved_buckets(cfg, self.source)  # the prompt buckets "auto" names
-        self.controller = controller_for_run(resolved)
+        available, what = device_memory()
+        self.shape = resolve_run(
+            cfg,
+            self.plan,
+            processes=jax.process_count(),
+            source=self.source,
+            device_bytes=available,
+            memory_check=what if cfg.train.memory_check else None,
+            report=self._say,
+        )
+        self.cfg = cfg = self.shape.cfg  # every "auto" concrete from here on
+        self.controller = self.shape.controller
         self.tail = None  # on-policy tail batching: its deferred queue and data cursor
         if cfg.tail_batching.enabled:
             self.tail = TailBatcher(cfg.tail_batching, jax.process_count())
-        check_batch_shapes(
-            cfg, self.controller.candidates, self.plan.batch_shards, jax.process_count()
-        )
-        slots = rollout_slots(resolved, self._say)
-        if cfg.train.memory_check:
-            check_device_memory(resolved, slots)
-        self.shape = RunShape(
-            resolved, self.controller.candidates, jax.process_count(), self.plan.batch_shards, slots
-        )
         policy = build_sharded_policy(cfg, self.tokenizer, cfg.train.seed, self.plan)
         if cfg.train.init_checkpoint:
             params = load_run_params(cfg.train.init_checkpoint, policy.params)

@@ -15,7 +15,8 @@ from sagc_jax.programs.packing import (
     padded_update_batch,
     rung_for,
 )
-from sagc_jax.programs.shapes import RunShape, trains_signal_only
+from sagc_jax.planning.resolve import RunShape
+from sagc_jax.programs.shapes import trains_signal_only
 from sagc_jax.programs.update import UpdateSettings
 from sagc_jax.rl import completion_mask
 from sagc_jax.train.rollout import Rollouts

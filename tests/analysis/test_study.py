@@ -304,7 +304,7 @@ def test_the_trainer_never_imports_the_analysis():
     import sys
 
     code = (
-        "import sys; import sagc_jax.train.loop, sagc_jax.train.sft, sagc_jax.planning.plan; "
+        "import sys; import sagc_jax.train.loop, sagc_jax.train.sft, sagc_jax.planning.resolve; "
         "bad = [m for m in sys.modules if m.startswith('sagc_jax.analysis')]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -8,7 +8,9 @@ from helpers import ROOT
 
 from sagc_jax.cli import main
 from sagc_jax.config import ConfigError, load_config
-from sagc_jax.planning.plan import auto_slots, lora_comparison, memory_plan
+from sagc_jax.parallel import ShardingPlan
+from sagc_jax.planning.memory import lora_comparison, memory_plan
+from sagc_jax.planning.resolve import resolve_run
 
 PAPER = ROOT / "configs" / "paper"
 
@@ -77,15 +79,17 @@ def test_slots_bound_the_kv_cache_and_auto_fills_the_memory():
     rest = every.during("sampling") - kv_every.per_device
     budget = int(rest / 0.9 + 0.5 * kv_every.per_device / 0.9)  # room for about half the rows
     cfg = load_config(None, [*base, "sampling.slots=auto"])
-    slots = auto_slots(cfg, 4, budget)
+    plan = ShardingPlan.abstract(cfg.mesh, 4)
+    fitted = resolve_run(cfg, plan, device_bytes=budget)
+    slots = fitted.slots
     assert slots % 4 == 0 and 480 <= slots <= 512
-    fitted = memory_plan(cfg, 4, budget)
-    held = fitted.during("sampling")
+    assert fitted.cfg.sampling.slots == slots  # the run's one config holds the resolved value
+    held = fitted.memory_plan.during("sampling")
     # within two rows per device of the budget (an even count: half the slots is the tail rung)
     assert held <= 0.9 * budget < held + 2 * kv_every.per_device / 256
-    assert auto_slots(cfg, 4, 2 * every.per_device) == 1024  # never more than the rollouts
+    assert fitted.memory.auto_slots(2 * every.per_device) == 1024  # never more than the rollouts
     with pytest.raises(ConfigError, match="sampling.slots = auto: not one row"):
-        auto_slots(cfg, 4, int(rest))
+        fitted.memory.auto_slots(int(rest))
 
 
 def test_plan_command_says_whether_it_fits(capsys):

@@ -9,7 +9,8 @@ from helpers import ROOT
 from sagc_jax.cli import main
 from sagc_jax.config import ConfigError, load_config
 from sagc_jax.config.sim import HARDWARE_NAMES, SimConfig
-from sagc_jax.planning.plan import architecture, step_prediction, step_timer, timed_architecture
+from sagc_jax.planning.timing import step_prediction, step_timer, timed_architecture
+from sagc_jax.programs.policy import architecture
 from sagc_jax.sim import StepTimer
 from sagc_jax.sim.roofline import (
     HARDWARE,

@@ -10,7 +10,7 @@ from sagc_jax.cli import main
 from sagc_jax.config import load_config
 from sagc_jax.config.sim import SimConfig
 from sagc_jax.controller import FixedGroupController, make_controller
-from sagc_jax.planning.plan import step_timer
+from sagc_jax.planning.timing import step_timer
 from sagc_jax.sim import ReplayWorkload, StepTimer, SyntheticWorkload, compare, simulate_controller
 from sagc_jax.sim.report import summary_rows
 

@@ -88,7 +88,7 @@ class RunState:
 
     def check_resumable(self, meta: dict) -> None:
         """Raise ConfigError when the run in ``meta`` cannot continue under this config."""
-        changed = changed_keys(meta["config"], self.cfg, "unresumable")
+        changed = changed_keys(_as_resolved(meta["config"], self.cfg), self.cfg, "unresumable")
         processes = meta.get("processes", 1)
         if self.cfg.data.task == "dataset" and processes != jax.process_count():
             raise ConfigError(
@@ -173,3 +173,14 @@ class RunState:
             return
         self.last_saved_step = step
         crash_point("checkpoint", step)  # the write is in flight (asynchronous)
+
+
+def _as_resolved(saved: dict, cfg: Config) -> dict:
+    """A saved config with ``cfg``'s (resolved) prompt buckets where it says "auto": runs save
+    their config resolved, but checkpoints from before 2026-12-06 hold the buckets as given,
+    and "auto" resolves from the same data (whose identity is checked apart)."""
+    sampling = saved.get("sampling", {})
+    if sampling.get("prompt_buckets") != "auto":
+        return saved
+    buckets = list(cfg.sampling.prompt_buckets)
+    return {**saved, "sampling": {**sampling, "prompt_buckets": buckets}}
