@@ -65,8 +65,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from sagc_jax.export import merged_run_params
     from sagc_jax.programs.policy import build_model, build_tokenizer
+    from sagc_jax.sampling.sampler import policy_sampler
     from sagc_jax.tasks.source import make_source
-    from sagc_jax.train.evaluate import eval_metrics, heldout_completions, policy_sampler
+    from sagc_jax.train.evaluate import eval_metrics, heldout_completions
     from sagc_jax.train.safety.faults import phase
     from sagc_jax.train.warm_start import load_run_params
 

@@ -41,8 +41,9 @@ def _sft_locked(args: argparse.Namespace, cfg: Config, out_dir: Path) -> int:
     from flax import nnx
 
     from sagc_jax.programs.policy import build_model
+    from sagc_jax.sampling.sampler import policy_sampler
     from sagc_jax.tasks.source import make_source
-    from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
+    from sagc_jax.train.evaluate import evaluate_policy
     from sagc_jax.train.safety.faults import phase, resume_hint
     from sagc_jax.train.sft import run_sft, set_aside, sft_progress
 

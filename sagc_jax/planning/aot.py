@@ -32,7 +32,7 @@ from sagc_jax.planning.memory import GIB, device_bytes
 from sagc_jax.planning.resolve import RunShape, resolve_run
 from sagc_jax.programs.packing import row_ladder
 from sagc_jax.programs.update import batch_spec, packed_batch_spec
-from sagc_jax.sampling.sampler import Sampler
+from sagc_jax.sampling.sampler import Sampler, policy_sampler
 from sagc_jax.sim.roofline import HARDWARE, model_costs, update_passes
 
 # TPU generations a target may name: the roofline preset with the chip's HBM, and whether the
@@ -207,20 +207,10 @@ def run_programs(cfg: Config, target: Target, shapes: str = "largest") -> list[P
     buckets = sorted(s.prompt_buckets)
     buckets = buckets if shapes == "all" else buckets[-1:]
     new = s.max_new_tokens
-    eos = arch.eos_ids
 
     def sampler(slots: int) -> Sampler:
-        return Sampler(
-            run.sampling_graphdef,
-            arch,
-            eos_ids=eos,
-            pad_id=0,
-            decode_chunk=s.decode_chunk,
-            slots=slots,
-            row_buckets=s.row_buckets,
-            plan=plan,
-            state_shardings=run.sampling_shardings,
-        )
+        graphdef, shardings = run.sampling_graphdef, run.sampling_shardings
+        return policy_sampler(graphdef, arch, None, plan, shardings, cfg.sampling, slots)
 
     def on_target(fn, *args, **kwargs):
         """``fn(*args, **kwargs)`` lowered as on the target ("auto" attention its platform's)."""

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from sagc_jax.config import SamplingConfig
 from sagc_jax.decode_schedule import phase_slots, resolve_chunk, row_rungs
 from sagc_jax.models import DecoderConfig, KVCache
 from sagc_jax.parallel import ShardingPlan
@@ -359,3 +360,33 @@ class Sampler:
             prefill_rows=jnp.asarray(num_prompts, jnp.int32),
             cut_b=~(final.ended_n | (final.lengths_n >= max_new_tokens)),
         )
+
+
+def policy_sampler(
+    graphdef,
+    model_config,
+    tokenizer,
+    plan=None,
+    state_shardings=None,
+    sampling: SamplingConfig | None = None,
+    slots: int = 0,
+) -> Sampler:
+    """The sampler of a run's policy, the one way the trainer, ``eval``, ``sft`` and ``plan
+    --compile`` build it: stops at the tokenizer's end token and pads with its pad (``None``:
+    the architecture's end tokens and pad 0, for compiling without tokenizer files; the pad is
+    a value in the program, not a shape), on the mesh of ``plan`` when given, decoding as
+    ``sampling`` says (``decode_chunk``, ``row_buckets``; default: `SamplingConfig`'s) through
+    ``slots`` rows (0: every rollout of a call; ``sampling.slots`` resolved)."""
+    sampling = sampling or SamplingConfig()
+    eos_ids = model_config.eos_ids if tokenizer is None else (tokenizer.eos_id,)
+    return Sampler(
+        graphdef,
+        model_config,
+        eos_ids=eos_ids,
+        pad_id=0 if tokenizer is None else tokenizer.pad_id,
+        decode_chunk=sampling.decode_chunk,
+        slots=slots,
+        row_buckets=sampling.row_buckets,
+        plan=plan,
+        state_shardings=state_shardings,
+    )

@@ -8,37 +8,9 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
-from sagc_jax.config import Config, SamplingConfig
+from sagc_jax.config import Config
 from sagc_jax.parallel import gather_rows
-from sagc_jax.sampling.sampler import Sampler
 from sagc_jax.train.rollout import generate
-
-
-def policy_sampler(
-    graphdef,
-    model_config,
-    tokenizer,
-    plan=None,
-    state_shardings=None,
-    sampling: SamplingConfig | None = None,
-    slots: int = 0,
-) -> Sampler:
-    """A sampler of the policy that stops at the tokenizer's end token and pads with its pad
-    (on the mesh of ``plan`` when given), decoding as ``sampling`` says (``decode_chunk``,
-    ``row_buckets``; default: `SamplingConfig`'s) through ``slots`` rows (0: every rollout of a
-    call; ``sampling.slots`` resolved, see `Sampler`)."""
-    sampling = sampling or SamplingConfig()
-    return Sampler(
-        graphdef,
-        model_config,
-        eos_ids=(tokenizer.eos_id,),
-        pad_id=tokenizer.pad_id,
-        decode_chunk=sampling.decode_chunk,
-        slots=slots,
-        row_buckets=sampling.row_buckets,
-        plan=plan,
-        state_shardings=state_shardings,
-    )
 
 
 @dataclass(frozen=True)

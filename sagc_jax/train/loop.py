@@ -36,9 +36,10 @@ from sagc_jax.programs.tail import TailBatcher
 from sagc_jax.programs.update import batch_spec
 from sagc_jax.rl import ALGORITHMS, group_advantages
 from sagc_jax.sampling.padding import bucket_length
+from sagc_jax.sampling.sampler import policy_sampler
 from sagc_jax.tasks.source import data_identity, make_source
 from sagc_jax.train.control import agreed_group_size, observe
-from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
+from sagc_jax.train.evaluate import evaluate_policy
 from sagc_jax.train.hooks import (
     Checkpointing,
     DivergenceCheck,

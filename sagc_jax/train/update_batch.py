@@ -9,13 +9,13 @@ import jax
 import numpy as np
 
 from sagc_jax.parallel import ShardingPlan, gather_rows
+from sagc_jax.planning.resolve import RunShape
 from sagc_jax.programs.packing import (
     pack_update_batch,
     packed_rows_needed,
     padded_update_batch,
     rung_for,
 )
-from sagc_jax.planning.resolve import RunShape
 from sagc_jax.programs.shapes import trains_signal_only
 from sagc_jax.programs.update import UpdateSettings
 from sagc_jax.rl import completion_mask

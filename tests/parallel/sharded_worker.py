@@ -19,7 +19,7 @@ from sagc_jax.programs.policy import build_sharded_policy
 from sagc_jax.programs.state import build_run
 from sagc_jax.rl import completion_mask
 from sagc_jax.sampling import left_pad
-from sagc_jax.train.evaluate import policy_sampler
+from sagc_jax.sampling.sampler import policy_sampler
 
 MESHES = {
     "single": (1, 1, 1),

@@ -139,7 +139,8 @@ def test_the_evaluation_decodes_through_the_slots_the_memory_check_counts(tmp_pa
     """More held-out prompts than a step's rollout rows stream through those rows (the memory
     check counted their KV cache, not the held-out set's), with the same greedy figures as
     decoding them all at once."""
-    from sagc_jax.train.evaluate import evaluate_policy, policy_sampler
+    from sagc_jax.sampling.sampler import policy_sampler
+    from sagc_jax.train.evaluate import evaluate_policy
 
     overrides = [*TINY, "train.eval_size=12", "sampling.slots=4", "logging.tensorboard=false"]
     trainer = Trainer(load_config(None, overrides), tmp_path / "run")
