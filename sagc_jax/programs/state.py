@@ -1,6 +1,7 @@
 """A run's trained state and the programs over it, built in one place: concretely for a run
-(``train.loop.Trainer``), or abstractly for ``sagc-jax plan --compile`` (``planning.aot``:
-shapes and shardings, nothing allocated).
+(``train.loop.Trainer``), or abstractly for ``sagc-jax plan``'s memory model
+(``planning.memory``) and ``plan --compile`` (``planning.aot``): shapes and shardings, nothing
+allocated.
 
 ``build_run`` decides, once, what the rest of the run reads:
 
