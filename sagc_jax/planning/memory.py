@@ -25,7 +25,7 @@ from sagc_jax.models import axes as ax
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.programs.packing import resolve_pack_len
 from sagc_jax.programs.policy import architecture
-from sagc_jax.programs.shapes import decode_rows, prompts_for, update_settings
+from sagc_jax.programs.shapes import decode_rows, prompts_for
 from sagc_jax.programs.state import PolicyState, RunPrograms, abstract_policy, build_run
 from sagc_jax.programs.update import (
     PACKED,
@@ -283,7 +283,7 @@ def _update_items(cfg: Config, run: RunPrograms, state: PolicyState, arch, shard
     micro_rows = rows // (cfg.train.minibatches * cfg.train.microbatches)
     local_rows = max(1, micro_rows // shards)
     width = _update_width(cfg)
-    residual = _residual_bytes(cfg, run.graphdef, state, local_rows, width)
+    residual = _residual_bytes(cfg, run, state, local_rows, width)
     layout = "packed" if cfg.train.packing else "padded"
     detail = (
         f"remat {arch.remat}: {local_rows} of {micro_rows} microbatch rows x {width} tokens "
@@ -316,12 +316,15 @@ def _update_width(cfg: Config) -> int:
     return max(buckets) + new
 
 
-def _residual_bytes(cfg: Config, graphdef, state: PolicyState, rows: int, width: int) -> int:
-    """Bytes the backward pass of the loss keeps for ``rows`` update rows of ``width`` tokens
-    of ``state`` (abstract): its params are trained, its base (LoRA) and reference are not."""
+def _residual_bytes(
+    cfg: Config, run: RunPrograms, state: PolicyState, rows: int, width: int
+) -> int:
+    """Bytes the backward pass of ``run``'s loss keeps for ``rows`` update rows of ``width``
+    tokens of ``state`` (abstract): its params are trained, its base (LoRA) and reference
+    are not."""
     from jax._src.ad_checkpoint import saved_residuals  # what jax.ad_checkpoint prints
 
-    settings = update_settings(cfg)
+    graphdef, settings = run.graphdef, run.settings
     if cfg.train.packing:
         batch, layout = packed_batch_spec(rows, width), PACKED
     else:
