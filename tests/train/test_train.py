@@ -1,6 +1,5 @@
 """The trainer end to end on a tiny model: per-G compilation, exact resume, logs, commands."""
 
-import dataclasses
 import json
 import re
 
@@ -139,14 +138,14 @@ def test_the_evaluation_decodes_through_the_slots_the_memory_check_counts(tmp_pa
     """More held-out prompts than a step's rollout rows stream through those rows (the memory
     check counted their KV cache, not the held-out set's), with the same greedy figures as
     decoding them all at once."""
+    from sagc_jax.programs.shapes import decode_rows
     from sagc_jax.sampling.sampler import policy_sampler
     from sagc_jax.train.evaluate import evaluate_policy
 
     overrides = [*TINY, "train.eval_size=12", "sampling.slots=4", "logging.tensorboard=false"]
     trainer = Trainer(load_config(None, overrides), tmp_path / "run")
     assert trainer.shape.eval_slots == 4 == trainer.eval_sampler.slots
-    every_rollout = dataclasses.replace(trainer.shape, slots=0)
-    assert every_rollout.eval_slots == 2 * 4  # the largest G's step: 2 prompts x G = 4
+    assert decode_rows(trainer.cfg, 4, 0) == 2 * 4  # slots 0: the largest G's step, 2 x G = 4
     all_at_once = policy_sampler(
         trainer.programs.sampling_graphdef, trainer.model_config, trainer.tokenizer
     )
