@@ -15,11 +15,11 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
-from typing import Any
 
 import jax
 
 from sagc_jax.config import Config, ConfigError
+from sagc_jax.controller.base import GroupController
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.planning.memory import GIB, MemoryModel, MemoryPlan
 from sagc_jax.planning.timing import controller_for_run
@@ -56,7 +56,7 @@ class RunShape:
     run's: the trainer checkpoints it); ``memory``: the run's memory model."""
 
     cfg: Config
-    controller: Any  # controller.Controller
+    controller: GroupController
     processes: int
     batch_shards: int  # the mesh's batch shards
     memory: MemoryModel
