@@ -126,7 +126,7 @@ class MemoryModel:
         if isinstance(cfg.sampling.prompt_buckets, str):
             raise ConfigError(
                 "sagc-jax plan needs the prompt buckets: resolve sampling.prompt_buckets = auto "
-                "from the data first (data.with_resolved_buckets)"
+                "from the data first (planning.resolve.resolve_run)"
             )
         self.cfg, self.sharding, self.group_size = cfg, plan, group_size
         arch, self.source = architecture(cfg)
@@ -137,15 +137,16 @@ class MemoryModel:
         self._update_items: dict[int, list[Item]] = {}
         m = cfg.model
         self.lora = f"rank {m.lora_rank} on {', '.join(m.lora_targets)}" if m.lora_rank else ""
+        self.num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(self.decoded))
         self.state_items = self._state_items()
 
     def _state_items(self) -> list[Item]:
         """The trained state (held throughout), and what training adds to the weights while
         sampling (LoRA's merged copy; the decode copy gathered over fsdp)."""
         cfg, state, params, lora = self.cfg, self.state, self.decoded, self.lora
-        count = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
         frozen = ", frozen" if lora else ""
-        weights = _sized("parameters", f"{count:,} x {self.arch.param_dtype}{frozen}", params)
+        detail = f"{self.num_params:,} x {self.arch.param_dtype}{frozen}"
+        weights = _sized("parameters", detail, params)
         items = [weights]
         dtype = str(jax.tree.leaves(state.params)[0].dtype)
         of = " of the adapters" if lora else ""
@@ -168,8 +169,8 @@ class MemoryModel:
                 detail = f"kl_beta = {cfg.loss.kl_beta}"
                 items.append(_sized("reference model", detail, state.ref_params))
         if lora:  # the samplers decode the plain model: the base with the adapters merged in
-            dtype = cfg.model.param_dtype
-            detail = f"the base with the adapters merged in ({dtype}), a copy while sampling"
+            base = cfg.model.param_dtype
+            detail = f"the base with the adapters merged in ({base}), a copy while sampling"
             items.append(dataclasses.replace(weights, name="merged weights", detail=detail))
         if self.sharding.mesh.shape["fsdp"] > 1:  # the sampler gathers the weights over fsdp
             shardings = self.sharding.for_decoding(self.run.sampling_shardings)
@@ -233,10 +234,10 @@ class MemoryModel:
         """The table for a step of G = ``group_size`` (default: the largest) with ``slots``
         rows decoding at once (resolved; 0: every rollout)."""
         g = group_size or self.group_size
-        count = sum(math.prod(x.shape) for x in jax.tree.leaves(self.decoded))
         items = self.state_items + self._sampling_items(g, slots) + self.update_items(g)
         mesh = dict(self.sharding.mesh.shape)
-        return MemoryPlan(self.source, count, self.arch.param_dtype, mesh, items, self.lora)
+        arch = self.arch
+        return MemoryPlan(self.source, self.num_params, arch.param_dtype, mesh, items, self.lora)
 
     def auto_slots(self, device_bytes: int, share: float = 0.9) -> int:
         """``sampling.slots: auto``: the most rows of the largest G's rollouts whose KV cache

@@ -58,7 +58,6 @@ class RunShape:
     cfg: Config
     controller: GroupController
     processes: int
-    batch_shards: int  # the mesh's batch shards
     memory: MemoryModel
     refused: str = ""  # what_if: why a run of these shapes would not start ("": it would)
 
@@ -66,6 +65,11 @@ class RunShape:
     def candidates(self) -> tuple[int, ...]:
         """The controller's group sizes."""
         return self.controller.candidates
+
+    @property
+    def batch_shards(self) -> int:
+        """The mesh's batch shards."""
+        return self.memory.sharding.batch_shards
 
     @property
     def slots(self) -> int:
@@ -158,7 +162,7 @@ def resolve_run(
             slots = memory.auto_slots(device_bytes)
             say(f"sampling.slots = auto: {slots} rows decode at once")
     cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, slots=slots))
-    shape = RunShape(cfg, controller, processes, plan.batch_shards, memory, refused)
+    shape = RunShape(cfg, controller, processes, memory, refused)
     if memory_check is not None:
         _check_memory(shape.memory_plan, cfg, device_bytes, memory_check)
     return shape
