@@ -11,9 +11,11 @@ from pathlib import Path
 
 from sagc_jax.analysis.study import (
     CALIBRATION,
+    DOMINANCE_REGIME,
     MEASURES,
     MODELED,
     format_accuracy_over_evals,
+    format_dominance,
     format_paired,
     format_rows,
     plot_study,
@@ -119,6 +121,13 @@ def format_tables(result: dict) -> str:
     if result["paired"]:
         text += "\n\nPaired differences on the same seeds (± 95% CI; x: ratio of the means):\n\n"
         text += format_paired(result["paired"], timed)
+    if len(result["dominance"]) > 1:
+        text += (
+            "\n\nDominance: the controllers that reach a higher final held-out accuracy in less "
+            f"modeled time ({timed}, {DOMINANCE_REGIME}), by the means and by paired differences "
+            "on the same seeds; a controller no other dominates by the means is on the frontier:"
+            "\n\n" + format_dominance(result["dominance"])
+        )
     if result["accuracy_over_evals"]:
         text += (
             "\n\nHeld-out accuracy at each evaluation, the questions right over every seed "

@@ -20,6 +20,8 @@ Per controller (``study_rows``): mean and 95% confidence interval over seeds (St
 paired comparison of every adaptive controller against each controller listed before it, on the
 same seeds (``paired_rows``). The
 time-to-accuracy target is a fraction of the best fixed-G controller's mean final accuracy.
+Which controllers another dominates (``dominance``): more accurate at the end in less modeled
+time, by the means and by paired intervals that both exclude zero.
 """
 
 from __future__ import annotations
@@ -248,6 +250,7 @@ def study(per_run: dict, controllers: list[str], seeds: int, timer: StepTimer) -
             _summary_row(c, [measures[(c, s)] for s in range(seeds)], MEASURES) for c in controllers
         ],
         "paired": paired_rows(measures, controllers, seeds),
+        "dominance": dominance(measures, controllers, seeds),
         "accuracy_over_evals": accuracy_over_evals(per_run, controllers, seeds),
         "calibration": [
             _summary_row(c, runs, CALIBRATION)
@@ -340,6 +343,52 @@ def paired_rows(measures: dict, controllers: list[str], seeds: int) -> list[dict
                 row[f"{key}_ratio"] = num / den if den > 0 else math.nan
         rows.append(row)
     return rows
+
+
+DOMINANCE_REGIME = REGIMES[0]  # the modeled time a dominance reads: the sampler's own regime
+
+
+def dominance(measures: dict, controllers: list[str], seeds: int) -> list[dict]:
+    """Per controller, the others that dominate it: a higher final held-out accuracy in less
+    modeled time (in ``DOMINANCE_REGIME``), by the means over seeds (``by_means``), and of those the
+    ones whose paired differences on the same seeds both have 95% intervals that exclude zero
+    (``resolved``). A controller no other dominates by the means is on the frontier."""
+
+    def paired(key, a, b):
+        return paired_difference(
+            [measures[(a, s)][key] for s in range(seeds)],
+            [measures[(b, s)][key] for s in range(seeds)],
+        )
+
+    rows = []
+    for subject in controllers:
+        by_means, resolved = [], []
+        for other in controllers:
+            if other == subject:
+                continue
+            (d_acc, acc_half, _), (d_time, time_half, _) = (
+                paired("accuracy", other, subject),
+                paired(f"{DOMINANCE_REGIME}_s", other, subject),
+            )
+            if d_acc > 0 and d_time < 0:
+                by_means.append(other)
+                if d_acc > acc_half and -d_time > time_half:  # nan (one seed): never resolved
+                    resolved.append(other)
+        rows.append({"controller": subject, "by_means": by_means, "resolved": resolved})
+    return rows
+
+
+def format_dominance(rows: list[dict]) -> str:
+    """Markdown: per controller, who dominates it by the means and, of those, by resolved
+    paired differences."""
+    lines = [
+        "| controller | dominated by (means) | of those, resolved (paired 95% CIs) |",
+        "| --- | --- | --- |",
+    ]
+    for row in rows:
+        means = ", ".join(row["by_means"]) or "none (on the frontier)"
+        lines.append(f"| {row['controller']} | {means} | {', '.join(row['resolved']) or '-'} |")
+    return "\n".join(lines)
 
 
 def _cell(row: dict, key: str, fmt: str) -> str:

@@ -10,7 +10,9 @@ from sagc_jax.analysis.run_report import plot_runs
 from sagc_jax.analysis.study import (
     accuracy_over_evals,
     calibration_measures,
+    dominance,
     format_accuracy_over_evals,
+    format_dominance,
     format_paired,
     format_rows,
     mean_ci,
@@ -173,6 +175,33 @@ def test_study_rows_target_and_paired_table():
         per_run[("sagc", seed)] = _log({2: 0.1, 4: 0.5}, [1.0] * 4, [[5] * 4])
     result = study(per_run, ["fixed:8", "sagc"], 3, TIMER)
     assert "not reached" in format_rows(result["rows"])
+
+
+def test_dominance_by_the_means_and_by_resolved_paired_intervals():
+    """B beats A on every seed (resolved); C is more accurate than A but slower (no dominance);
+    D beats A by the means only, its paired accuracy difference straddling zero."""
+    runs = {
+        "A": ([0.50, 0.52, 0.48], [10.0, 11.0, 9.0]),
+        "B": ([0.60, 0.63, 0.58], [8.0, 9.0, 7.5]),
+        "C": ([0.70, 0.70, 0.70], [20.0, 20.0, 20.0]),
+        "D": ([0.70, 0.40, 0.50], [9.0, 10.0, 8.5]),
+    }
+    measures = {
+        (c, s): {"accuracy": acc[s], "compacting_s": t[s]}
+        for c, (acc, t) in runs.items()
+        for s in range(3)
+    }
+    rows = {r["controller"]: r for r in dominance(measures, list(runs), 3)}
+    assert rows["A"] == {"controller": "A", "by_means": ["B", "D"], "resolved": ["B"]}
+    assert rows["B"]["by_means"] == [] and rows["C"]["by_means"] == []
+    assert rows["D"]["by_means"] == ["B"] and rows["D"]["resolved"] == []  # accuracy unresolved
+    table = format_dominance(list(rows.values()))
+    assert "| A | B, D | B |" in table and "| C | none (on the frontier) | - |" in table
+    # one seed: the means still rank, but nothing is resolved
+    one = {k: v for k, v in measures.items() if k[1] == 0}
+    assert dominance(one, list(runs), 1)[0] == {
+        "controller": "A", "by_means": ["B", "D"], "resolved": [],
+    }  # fmt: skip
 
 
 def test_mixed_group_sizes_count_every_rollout():

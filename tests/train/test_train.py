@@ -434,6 +434,8 @@ def test_compare_and_report_commands(tmp_path, capsys, monkeypatch):
     assert "| fixed:2 |" in printed and "| sagc |" in printed and "±" in printed
     assert "modeled s, qwen2.5-0.5b on 1 x h200, synchronous" in printed
     assert "| sagc - fixed:2 |" in printed  # the paired table
+    # the dominance table: who (if anyone) dominates fixed:2
+    assert re.search(r"^\| fixed:2 \| (sagc|none \(on the frontier\)) \|", printed, re.M)
     # accuracy at every evaluation (steps 0 and 2), pooled over both seeds' 4 questions
     assert re.search(r"^\| sagc \| [0-9.]+ \[[0-9.]+, [0-9.]+\] \(\d/8\) \|", printed, re.M)
     # the same runs re-timed on the second accelerator, paired too
