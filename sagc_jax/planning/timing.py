@@ -40,11 +40,13 @@ GIB = 1024**3
 
 def timed_architecture(cfg: Config) -> tuple[DecoderConfig, str]:
     """The model ``sim.model`` names, as the step-time model times it: a preset or an HF
-    checkpoint (its directory or config.json), in bfloat16; empty: the config's own model."""
+    checkpoint (its directory or config.json), in bfloat16; empty: the config's own model. The
+    name a checkpoint is known by in tables is its directory's, not its path on this machine."""
     name = cfg.sim.model
     if not name:
         arch, _ = architecture(cfg)
-        return arch, cfg.model.preset if not cfg.model.hf_checkpoint else cfg.model.hf_checkpoint
+        checkpoint = cfg.model.hf_checkpoint
+        return arch, _checkpoint_name(checkpoint) if checkpoint else cfg.model.preset
     dtypes = {"param_dtype": "bfloat16", "compute_dtype": "bfloat16"}
     if name in PRESETS:
         return get_preset(name, **dtypes), name
@@ -56,9 +58,16 @@ def timed_architecture(cfg: Config) -> tuple[DecoderConfig, str]:
             "checkpoint directory or config.json"
         )
     try:
-        return hf_architecture(str(path), **dtypes), name
+        return hf_architecture(str(path), **dtypes), _checkpoint_name(name)
     except ConfigError as err:  # names the file: truncated, not an object, a bad size
         raise ConfigError(f"sim.model: {err}") from None
+
+
+def _checkpoint_name(path: str) -> str:
+    """An HF checkpoint's name: its directory's (``.../SmolLM2-135M-Instruct``), also when
+    ``path`` is the config.json in it."""
+    path = Path(path)
+    return path.parent.name if path.name == "config.json" else path.name
 
 
 def step_timer(cfg: Config, padded_width: int, max_new_tokens: int | None = None) -> StepTimer:

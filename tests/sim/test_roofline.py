@@ -1,5 +1,6 @@
 """The roofline step-time model (sim/roofline.py) and `sagc-jax plan --hardware`, by hand."""
 
+import json
 import re
 
 import numpy as np
@@ -9,6 +10,7 @@ from helpers import ROOT
 from sagc_jax.cli import main
 from sagc_jax.config import ConfigError, load_config
 from sagc_jax.config.sim import HARDWARE_NAMES, SimConfig
+from sagc_jax.models import get_preset
 from sagc_jax.planning.timing import step_prediction, step_timer, timed_architecture
 from sagc_jax.programs.policy import architecture
 from sagc_jax.sim import StepTimer
@@ -289,6 +291,14 @@ def test_the_timed_model_is_a_preset_an_hf_config_or_the_run_s_own(tmp_path):
     arch, name = timed_architecture(load_config(None, ["sim.model=llama-3.2-3b"]))
     assert name == "llama-3.2-3b" and arch.compute_dtype == "bfloat16"
     assert timed_architecture(load_config(None, []))[1] == "tiny"  # the model section's preset
+    # an HF checkpoint is named by its directory, not by its path on this machine
+    checkpoint = tmp_path / "models" / "My-Model-1B"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.json").write_text(json.dumps(get_preset("tiny").to_hf_config()))
+    for where in (checkpoint, checkpoint / "config.json"):
+        assert timed_architecture(load_config(None, [f"sim.model={where}"]))[1] == "My-Model-1B"
+    own = load_config(None, [f"model.hf_checkpoint={checkpoint}"])  # the run's own model
+    assert timed_architecture(own)[1] == "My-Model-1B"
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ConfigError, match="sim.model: .*config.json"):
         timed_architecture(load_config(None, [f"sim.model={tmp_path}"]))
