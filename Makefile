@@ -74,12 +74,17 @@ real-tail: real-model
 # The controller study on the real model (docs/experiments/real-straggler.md): fixed G = 4, 8,
 # 16, SAGC+ and sagc_value on the same 3 seeds, GRPO, 30 steps each on the setting the tail
 # measurement chose (configs/real/smollm2-study.yaml). Planned at about 9 hours of this 2-core
-# machine; rerunning resumes whatever is unfinished, finished runs are only read.
+# machine; rerunning resumes whatever is unfinished, recorded runs are only read.
 REAL_STUDY_DIR ?= runs/real-study
+# Each finished run's record (docs/training.md, "Study records"): committed, so the study outlives
+# the machine; `make real-study REAL_STUDY_FLAGS=--from-records` rebuilds its tables from them.
+REAL_STUDY_RECORDS ?= docs/experiments/data/real-study
+REAL_STUDY_FLAGS ?=
 real-study: real-model
 	$(VENV)/bin/sagc-jax compare --config configs/real/smollm2-study.yaml \
 		--set model.hf_checkpoint=$(REAL_MODEL) --set logging.run_dir=$(REAL_STUDY_DIR) --seeds 3 \
-		--controllers fixed:4,fixed:8,fixed:16,sagc_plus,sagc_value --also-hardware tpu-v5p
+		--controllers fixed:4,fixed:8,fixed:16,sagc_plus,sagc_value --also-hardware tpu-v5p \
+		--records $(REAL_STUDY_RECORDS) $(REAL_STUDY_FLAGS)
 
 # The simulator study of the calibrated workload (no model, a few seconds).
 simulate: $(STAMP)

@@ -4,11 +4,25 @@ and paired differences (``analysis.study``)."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
+import json
 import signal
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
+from sagc_jax.analysis.records import (
+    RecordError,
+    check_record,
+    make_record,
+    note_segment,
+    read_record,
+    read_segments,
+    run_name,
+    write_record,
+)
 from sagc_jax.analysis.study import (
     CALIBRATION,
     DOMINANCE_REGIME,
@@ -24,7 +38,9 @@ from sagc_jax.analysis.study import (
 from sagc_jax.config import Config, from_dict, parse_controller_spec, to_dict
 from sagc_jax.controller.registry import CONTROLLERS
 from sagc_jax.planning.timing import step_timer
+from sagc_jax.tasks.source import data_identity
 from sagc_jax.train.loop import Trainer
+from sagc_jax.train.lora_base import base_identity
 from sagc_jax.train.metrics import read_metrics
 from sagc_jax.train.safety.faults import Interrupted, phase, resume_hint
 
@@ -55,6 +71,8 @@ def compare(
     progress: bool = True,
     log=print,
     also_hardware: tuple[str, ...] = (),
+    records: Path | None = None,
+    from_records: bool = False,
 ) -> dict:
     """Run every (controller, seed); return the study (``study.study``: per-run measures,
     per-controller rows with 95% CIs, paired differences of each adaptive controller against
@@ -62,38 +80,159 @@ def compare(
     ``also_hardware`` (``sim.hardware`` names) besides the config's own.
 
     Seed by seed, every controller in turn: a drift of the machine's speed over the study then
-    falls on every controller alike rather than on the ones that ran last.
+    falls on every controller alike rather than on the ones that ran last. The step-0
+    evaluation (the starting policy's) is the same for every run: the first run takes it, the
+    others reuse it (their step-0 line names the run it came from, ``eval_from``).
 
     Runs already in ``out_dir`` resume (or, finished, are only read). A stop signal ends the
     comparison (``Interrupted``): the run in progress saves a checkpoint when it is in its step
     loop, and the same command later continues from there.
+
+    ``records``: a folder of run records (``analysis.records``): a run whose record is there is
+    not run again (the record is checked against the study's config and read), and each run
+    that finishes writes its record there. ``from_records``: train nothing; every run's record
+    must be there.
     """
-    per_run = {}
+    names = [(spec, seed, run_name(spec, seed)) for seed in range(seeds) for spec in controllers]
+    if from_records:
+        if records is None:
+            raise ValueError("from_records needs the records' folder")
+        missing = [records / f"{name}.json" for *_, name in names]
+        missing = [p for p in missing if not p.is_file()]
+        if missing:
+            raise RecordError(
+                f"{missing[0]}: missing ({len(names) - len(missing)} of {len(names)} runs "
+                "recorded); run the study without --from-records to make the runs not recorded"
+            )
+    per_run, made, resolved_cfgs = {}, {}, {}
     hint = resume_hint(cfg, out_dir)
-    for seed in range(seeds):
-        for spec in controllers:
-            name = f"{spec.replace(':', '')}-seed{seed}"
+    start_eval = None  # the step-0 evaluation, taken by the first run, reused by the others
+    for spec, seed, name in names:
+        given = run_config(cfg, spec, seed, steps)
+        path = records / f"{name}.json" if records is not None else None
+        if path is not None and path.is_file():
+            record = read_record(path)
+            # the weights are not on a machine that only reads the records
+            check_record(record, given, path, None if from_records else weights_identity(given))
+            log(f"compare: {spec}, seed {seed}: recorded in {path}, not run again")
+        else:
+            record = None
             run_dir = out_dir / name
-            what = f"the {spec} run (seed {seed})"
-            with phase(what, f"finished runs are kept in {out_dir}; {hint}"):
-                with phase("start-up"):
-                    trainer = Trainer(run_config(cfg, spec, seed, steps), run_dir)
-                timed_cfg = trainer.cfg  # as resolved: "auto" buckets the data's
-                try:
-                    done = "already done, " if trainer.finished else ""
-                    resumed = f"resuming from step {trainer.step}, " if trainer.step else ""
-                    log(f"compare: {spec}, seed {seed}: {done or resumed}{run_dir}")
-                    summary = {} if trainer.finished else trainer.run(progress=progress)
-                finally:
-                    trainer.close()
-                if summary.get("interrupted"):
-                    raise Interrupted(
-                        getattr(signal, summary["interrupted"]),
-                        f"{what}, after step {summary['steps']}",
-                        f"its checkpoint is saved in {run_dir}; {hint}",
-                    )
-            per_run[(spec, seed)] = read_metrics(run_dir)
-    length = max(timed_cfg.sampling.prompt_buckets) + cfg.sampling.max_new_tokens
+            resolved = _train(given, run_dir, spec, seed, out_dir, hint, progress, log, start_eval)
+            resolved_cfgs[(spec, seed)] = resolved
+            steps_logged, evals = read_metrics(run_dir)
+            if path is not None:
+                record = make_record(
+                    name,
+                    spec,
+                    seed,
+                    given,
+                    resolved,
+                    steps_logged,
+                    evals,
+                    segments=read_segments(run_dir),
+                    weights=weights_identity(given),
+                    data=data_identity(given),
+                )
+                write_record(path, record)
+                log(f"compare: {spec}, seed {seed}: wrote its record {path}")
+        if record is not None:
+            steps_logged, evals = record["steps"], record["evals"]
+            made[(spec, seed)] = record
+        per_run[(spec, seed)] = (steps_logged, evals)
+        if start_eval is None and evals and int(evals[0]["step"]) == 0:
+            start_eval = {k: v for k, v in evals[0].items() if k != "step"}
+            start_eval.setdefault("eval_from", name)
+    first = names[0][:2]
+    with _timing_config(cfg, made.get(first), resolved_cfgs.get(first)) as timed_cfg:
+        result = _study(per_run, controllers, seeds, timed_cfg, also_hardware)
+        c = cfg.controller
+        plot_study(
+            per_run,
+            controllers,
+            seeds,
+            result["timer"],
+            out_dir,
+            candidates=c.candidates,
+            delta=c.delta,
+        )
+    del result["timer"]
+    write_tables(result, out_dir)
+    return result
+
+
+def _train(
+    given: Config,
+    run_dir: Path,
+    spec: str,
+    seed: int,
+    out_dir: Path,
+    hint: str,
+    progress: bool,
+    log,
+    start_eval: dict | None,
+) -> Config:
+    """Run (or resume, or only open when finished) one run of the study; its config as
+    resolved. A stop signal ends it with ``Interrupted`` once its checkpoint is saved."""
+    what = f"the {spec} run (seed {seed})"
+    with phase(what, f"finished runs are kept in {out_dir}; {hint}"):
+        with phase("start-up"):
+            trainer = Trainer(given, run_dir)
+        try:
+            done = "already done, " if trainer.finished else ""
+            resumed = f"resuming from step {trainer.step}, " if trainer.step else ""
+            log(f"compare: {spec}, seed {seed}: {done or resumed}{run_dir}")
+            summary = {}
+            if not trainer.finished:
+                if trainer.leader:
+                    note_segment(run_dir, trainer.step)
+                summary = trainer.run(progress=progress, start_eval=start_eval)
+        finally:
+            trainer.close()
+        if summary.get("interrupted"):
+            raise Interrupted(
+                getattr(signal, summary["interrupted"]),
+                f"{what}, after step {summary['steps']}",
+                f"its checkpoint is saved in {run_dir}; {hint}",
+            )
+    return trainer.cfg  # as resolved: "auto" buckets the data's
+
+
+def weights_identity(cfg: Config) -> dict:
+    """The starting weights' identity (``base_identity``) without their path on this machine."""
+    return {
+        k: v for k, v in base_identity(cfg).items() if k not in ("hf_checkpoint", "init_checkpoint")
+    }
+
+
+@contextlib.contextmanager
+def _timing_config(cfg: Config, record: dict | None, resolved: Config | None) -> Iterator[Config]:
+    """The config the study's step-time model reads: the first run's as resolved ("auto" made
+    concrete: ``resolved``, or its ``record``'s), with the study's own ``sim`` section. From a
+    record on a machine without the HF model, the model's config.json comes from the record
+    (``sim.model`` points at a copy named as the checkpoint, so that tables label it alike)."""
+    if record is None:
+        yield dataclasses.replace(resolved, sim=cfg.sim)
+        return
+    resolved = dataclasses.replace(from_dict(record["resolved"]), sim=cfg.sim)
+    model = record["model"]
+    checkpoint = resolved.model.hf_checkpoint
+    if resolved.sim.model or model is None or (checkpoint and Path(checkpoint).is_dir()):
+        yield resolved
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / model["name"]
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(model["config"]))
+        yield dataclasses.replace(
+            resolved, sim=dataclasses.replace(resolved.sim, model=str(folder))
+        )
+
+
+def _study(per_run, controllers, seeds, timed_cfg: Config, also_hardware) -> dict:
+    """``study.study`` of the runs timed by ``timed_cfg``'s step-time model, and under "also"
+    by each of ``also_hardware``'s; the timer under "timer"."""
+    length = max(timed_cfg.sampling.prompt_buckets) + timed_cfg.sampling.max_new_tokens
     timer = step_timer(timed_cfg, length)
     result = study(per_run, controllers, seeds, timer)
     result["also"] = []
@@ -101,9 +240,7 @@ def compare(
         sim = dataclasses.replace(timed_cfg.sim, hardware=hw)
         also_timer = step_timer(dataclasses.replace(timed_cfg, sim=sim), length)
         result["also"].append(study(per_run, controllers, seeds, also_timer))
-    c = cfg.controller
-    plot_study(per_run, controllers, seeds, timer, out_dir, candidates=c.candidates, delta=c.delta)
-    write_tables(result, out_dir)
+    result["timer"] = timer
     return result
 
 

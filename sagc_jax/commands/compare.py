@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from sagc_jax.commands.common import (
     UserError,
@@ -39,6 +40,20 @@ def add_parser(subparsers) -> None:
         help="comma-separated sim.hardware names: the modeled times also on each of these "
         "(compare.md gets a table per name), besides the sim section's own",
     )
+    p.add_argument(
+        "--records",
+        type=Path,
+        metavar="DIR",
+        help="a folder of run records, meant to be committed (docs/training.md, Study "
+        "records): each run that finishes writes DIR/<controller>-seed<k>.json (its metrics, "
+        "evaluations, config, commit and host; no checkpoints), and a run recorded there is not "
+        "run again",
+    )
+    p.add_argument(
+        "--from-records",
+        action="store_true",
+        help="train nothing: rebuild the tables and plots from --records alone",
+    )
     p.set_defaults(func=cmd_compare)
 
 
@@ -54,9 +69,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
     also = tuple(h.strip() for h in args.also_hardware.split(",") if h.strip())
     for hw in also:  # an unknown name fails here, with the allowed ones, before any run
         load_config(args.config, [*timing_overrides(args), f"sim.hardware={hw}"])
+    if args.from_records and args.records is None:
+        raise UserError("--from-records: name the records' folder with --records DIR")
+    if args.records is not None and args.records.exists() and not args.records.is_dir():
+        raise UserError(f"--records {args.records}: not a folder")
     out_dir = run_dir(cfg, args.config, "compare")
     result = compare(
-        cfg, controllers, args.seeds, args.steps, out_dir, cfg.logging.progress, also_hardware=also
+        cfg,
+        controllers,
+        args.seeds,
+        args.steps,
+        out_dir,
+        cfg.logging.progress,
+        also_hardware=also,
+        records=args.records,
+        from_records=args.from_records,
     )
     print(format_tables(result))
     print(f"wrote compare.md, compare.csv, runs.csv and plots to {out_dir}")

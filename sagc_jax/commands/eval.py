@@ -64,6 +64,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from flax import nnx
 
     from sagc_jax.export import merged_run_params
+    from sagc_jax.programs.compile_cache import use_compilation_cache
     from sagc_jax.programs.policy import build_model, build_tokenizer
     from sagc_jax.sampling.sampler import policy_sampler
     from sagc_jax.tasks.source import make_source
@@ -83,6 +84,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         step = 0
     else:
         cfg, step = _run_config(path, args)
+    use_compilation_cache(cfg.train.compilation_cache_dir, report=lambda x: print(f"eval: {x}"))
     tokenizer = build_tokenizer(cfg) if cfg.data.task != "synthetic" else None
     source = make_source(cfg, tokenizer)
     model = build_model(cfg, source.tokenizer, seed=0)

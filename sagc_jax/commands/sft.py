@@ -40,6 +40,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def _sft_locked(args: argparse.Namespace, cfg: Config, out_dir: Path) -> int:
     from flax import nnx
 
+    from sagc_jax.programs.compile_cache import use_compilation_cache
     from sagc_jax.programs.policy import build_model
     from sagc_jax.sampling.sampler import policy_sampler
     from sagc_jax.tasks.source import make_source
@@ -58,6 +59,7 @@ def _sft_locked(args: argparse.Namespace, cfg: Config, out_dir: Path) -> int:
             return 0
         if step is not None:
             print(f"sft: resuming {out_dir} from step {step}")
+    use_compilation_cache(cfg.train.compilation_cache_dir, report=lambda x: print(f"sft: {x}"))
     source = make_source(cfg)
     model = build_model(cfg, source.tokenizer, seed=cfg.sft.seed)
     graphdef, params = nnx.split(model)

@@ -28,6 +28,7 @@ def option(
     resumable: bool | None = None,
     warm_start: bool | None = None,
     params: bool = False,
+    outcome: bool | None = None,
 ):
     """A dataclass field with a default, bounds and allowed choices, checked on construction.
 
@@ -35,12 +36,16 @@ def option(
     resumable: a resumed ``train`` run may change it (None: the section's ``_resumable``);
     warm_start: it shapes the ``sft`` warm start, so a changed value is neither reused nor
     resumed (None: the section's ``_warm_start``);
-    params: it shapes the stored parameters (a config differing in it cannot load a run's).
+    params: it shapes the stored parameters (a config differing in it cannot load a run's);
+    outcome: it can change what a run computes (anything its metrics hold but the timings), so a
+    study's record made under another value is refused (None: the section's ``_outcome``);
+    where files go, what is logged, how often checkpoints are written and how programs are
+    compiled do not.
     """
     if isinstance(default, list | dict):
         raise TypeError("use tuples for sequence defaults: configs are frozen")
     meta = {"ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "help": help}
-    meta.update(resumable=resumable, warm_start=warm_start, params=params)
+    meta.update(resumable=resumable, warm_start=warm_start, params=params, outcome=outcome)
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -87,6 +92,7 @@ class Section:
     _prefix = ""
     _resumable = False  # the default of its options' ``resumable``
     _warm_start = False  # the default of its options' ``warm_start``
+    _outcome = True  # the default of its options' ``outcome``
 
     def __post_init__(self) -> None:
         _validate_fields(self, self._prefix)

@@ -22,7 +22,12 @@ class ModelConfig(Section):
     preset: str = option(
         "tiny", help="architecture preset (used when hf_checkpoint is unset)", params=True
     )
-    hf_checkpoint: str | None = option(None, help="local Hugging Face model directory", params=True)
+    hf_checkpoint: str | None = option(
+        None,
+        help="local Hugging Face model directory",
+        params=True,
+        outcome=False,  # a path of this machine: records compare the weights' sha256 instead
+    )
     tokenizer: str | None = option(
         None,
         help="directory with tokenizer.json (default: hf_checkpoint; synthetic task: built in)",
@@ -436,14 +441,20 @@ class TrainConfig(Section):
     microbatches: int = option(1, ge=1, help="gradient-accumulation chunks per update")
     seed: int = option(0, ge=0, help="root seed of the run: model init, sampling keys, data order")
     checkpoint_every: int = option(
-        25, ge=0, help="steps between checkpoints; 0: only at the end", resumable=True
+        25,
+        ge=0,
+        help="steps between checkpoints; 0: only at the end",
+        resumable=True,
+        outcome=False,
     )
     checkpoint_minutes: float = option(
-        0.0, ge=0.0, help="also checkpoint this often; 0: off", resumable=True
+        0.0, ge=0.0, help="also checkpoint this often; 0: off", resumable=True, outcome=False
     )
-    keep_checkpoints: int = option(3, ge=1, help="sealed checkpoints kept; older ones are deleted")
+    keep_checkpoints: int = option(
+        3, ge=1, help="sealed checkpoints kept; older ones are deleted", outcome=False
+    )
     async_checkpoint: bool = option(
-        True, help="write checkpoints in the background", resumable=True
+        True, help="write checkpoints in the background", resumable=True, outcome=False
     )
     max_nonfinite_steps: int = option(
         3,
@@ -480,12 +491,19 @@ class TrainConfig(Section):
         0, ge=0, help="steps between held-out evaluations; 0: start and end", resumable=True
     )
     eval_size: int = option(128, ge=1, help="held-out prompts per evaluation")
-    compile_ahead: bool = option(False, help="compile every candidate G at start-up")
+    compile_ahead: bool = option(
+        False,
+        help="compile at start-up what the run will run: every candidate G's rollout and "
+        "update (each packed row-count rung) and the evaluation",
+        resumable=True,
+        outcome=False,
+    )
     memory_check: bool = option(
         True,
         help="before building the model, refuse a ladder whose largest G does not fit one "
         "device's memory by sagc-jax plan's estimate (on CPU: the host's)",
         resumable=True,
+        outcome=False,
     )
     resume_changed_data: bool = option(
         False,
@@ -493,7 +511,13 @@ class TrainConfig(Section):
         "differ): the run continues at the saved step on the new contents; false: refused",
         resumable=True,
     )
-    compilation_cache_dir: str | None = option(None, help="persistent XLA compilation cache")
+    compilation_cache_dir: str | None = option(
+        "auto",
+        help="JAX's persistent compilation cache, shared by every command and run on this "
+        "machine: auto: $XDG_CACHE_HOME/sagc-jax/xla (default ~/.cache/sagc-jax/xla); null: off",
+        resumable=True,
+        outcome=False,
+    )
     init_checkpoint: str | None = option(
         None, help="start from the params of this run directory (e.g. the SFT warm start)"
     )
@@ -759,6 +783,7 @@ class LoggingConfig(Section):
 
     _prefix = "logging."
     _resumable = True
+    _outcome = False
     run_dir: str | None = option(None, help="default: runs/<command>-<config name>-<timestamp>")
     plots: bool = option(True, help="write PNG plots of the run's metrics at the end")
     tensorboard: bool = option(True, help="write TensorBoard event files beside metrics.jsonl")

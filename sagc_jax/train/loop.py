@@ -27,6 +27,7 @@ from sagc_jax.config import Config
 from sagc_jax.parallel import ShardingPlan, any_process, gather_rows, is_leader
 from sagc_jax.planning.host_memory import trim_after_compiles
 from sagc_jax.planning.resolve import device_memory, resolve_run
+from sagc_jax.programs.compile_cache import use_compilation_cache
 from sagc_jax.programs.policy import (
     build_sharded_policy,
     build_tokenizer,
@@ -87,8 +88,7 @@ class Trainer:
     def _build(self, cfg: Config, log: bool) -> None:
         """Everything after the lock: data, memory check, policy, optimizer, programs, the
         run's checkpoints and a resume from them, the metrics writer."""
-        if cfg.train.compilation_cache_dir:
-            jax.config.update("jax_compilation_cache_dir", cfg.train.compilation_cache_dir)
+        use_compilation_cache(cfg.train.compilation_cache_dir, report=self._say)
         trim_after_compiles()
         self.plan = ShardingPlan.from_config(cfg.mesh)
         self.source = make_source(
@@ -333,8 +333,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ the run
 
-    def run(self, progress: bool = True) -> dict[str, Any]:
-        """Train until ``train.steps``; returns a summary of the run."""
+    def run(self, progress: bool = True, start_eval: dict | None = None) -> dict[str, Any]:
+        """Train until ``train.steps``; returns a summary of the run. ``start_eval``: the
+        step-0 evaluation's values when another run of the same starting policy, config and
+        held-out questions took it already (``compare``); None: this run takes its own."""
         cfg = self.cfg
         total_steps = cfg.train.steps
         start_step = self.step
@@ -349,7 +351,7 @@ class Trainer:
         if self.step == 0:
             with phase("the step-0 evaluation"):
                 crash_point("eval", 0)
-                self.run_state.last_eval = self.evaluate()
+                self.run_state.last_eval = start_eval or self.evaluate()
             self.writer.write(0, self.run_state.last_eval)
         if cfg.train.compile_ahead:
             with phase("compilation", kept):

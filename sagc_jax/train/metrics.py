@@ -156,6 +156,12 @@ def step_record(
         .tolist(),
         "prompt_tokens": counts.prompt_tokens // len(rewards),
     }
+    if obs.rewards_b is not None:  # the reward function's scores, grouped as ``lengths``
+        record["rewards"] = [
+            group.tolist() for group in np.split(obs.rewards_b, np.cumsum(obs.sizes_p)[:-1])
+        ]
+    if obs.prompt_ids_p is not None:  # the groups' prompts, as the data source numbers them
+        record["prompt_ids"] = obs.prompt_ids_p.tolist()
     if np.ndim(g):
         record["group_sizes"] = sizes_p
     record.update(controller_metrics(ctrl, controller))
