@@ -58,23 +58,38 @@ def tail_summary(
     return out
 
 
-def write_completions(path: Path, completions, tail: dict) -> Path:
+def write_completions(path: Path, completions, tail: dict, chars: int = 2000) -> Path:
     """One JSON line per completion at ``path`` (``prompt``, ``sample``, ``length``,
-    ``reward``, ``truncated``), written whole or not at all, and the histogram of the lengths
-    beside it (``path`` with the suffix ``.png``, titled with ``tail``'s figures); the plot's
-    path. ``completions``: `sagc_jax.train.evaluate.HeldoutCompletions`."""
+    ``reward``, ``truncated``; with the texts, also ``prompt_id``, ``prompt_text``,
+    ``completion_text``, ``answer`` and ``accepted``, texts capped at ``chars`` characters as a
+    run's are), written whole or not at all, and the histogram of the lengths beside it
+    (``path`` with the suffix ``.png``, titled with ``tail``'s figures); the plot's path.
+    ``completions``: `sagc_jax.train.evaluate.HeldoutCompletions`."""
+    from sagc_jax.train.completions import capped
+
     tmp = path.with_name(f".{path.name}.tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(tmp, "w") as f:
+    texts_pk = completions.texts_pk
+    with open(tmp, "w", encoding="utf-8") as f:
         for (p, k), length in np.ndenumerate(completions.lengths_pk):
+            reward = float(completions.rewards_pk[p, k])
             record = {
                 "prompt": p,
                 "sample": k,
                 "length": int(length),
-                "reward": float(completions.rewards_pk[p, k]),
+                "reward": reward,
                 "truncated": bool(completions.truncated_pk[p, k]),
             }
-            f.write(json.dumps(record) + "\n")
+            if texts_pk is not None:
+                prompt = completions.prompts[p]
+                record.update(
+                    prompt_id=int(prompt.id),
+                    prompt_text=capped(prompt.text, chars),
+                    completion_text=capped(texts_pk[p][k], chars),
+                    answer=capped(prompt.answer, chars),
+                    accepted=reward >= 1.0,  # as eval/accuracy counts it
+                )
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
     os.replace(tmp, path)
     return plot_lengths(completions.lengths_pk, tail, path.with_suffix(".png"))
 

@@ -51,8 +51,10 @@ def add_parser(subparsers) -> None:
         "--completions",
         type=Path,
         default=None,
-        help="write every completion (prompt, sample, length, reward, truncated) to this JSONL, "
-        "a histogram of their lengths beside it (.png), and print the length tail: the share at "
+        help="write every completion (prompt, sample, length, reward, truncated, and its texts: "
+        "prompt_text, completion_text, answer, accepted; capped at logging.completions_chars) "
+        "to this JSONL, a histogram of their lengths beside it (.png), and print the length "
+        "tail: the share at "
         "the cap and, per G of controller.candidates up to --samples, the share of groups "
         "straggling (longest over controller.tau x median), without signal (rewards all equal) "
         "and the tokens a synchronous step decodes over the real ones",
@@ -139,7 +141,7 @@ def _write_tail(out: Path, completions, cfg, path: Path) -> dict:
         tau=c.tau,
     )
     try:
-        plot = write_completions(out, completions, tail)
+        plot = write_completions(out, completions, tail, cfg.logging.completions_chars)
     except OSError as err:
         raise UserError(f"{out}: cannot write the completions ({err.strerror})") from None
     print(

@@ -10,12 +10,20 @@ from sagc_jax.config import ConfigError, from_dict
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("report", help="summary and plots of one run (finished or running)")
+    p = subparsers.add_parser(
+        "report",
+        help="summary and plots of one run (finished or running)",
+        description="Writes RUN/report/: the plots of metrics.jsonl and, when the run wrote "
+        "completions (logging.completions_every), completions.md (the longest, a highest- and "
+        "a lowest-reward completion of a few groups at the first, middle and last logged "
+        "steps) and length_reward.png.",
+    )
     p.add_argument("run_dir", type=Path, help="a sagc-jax train run directory")
     p.set_defaults(func=cmd_report)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from sagc_jax.analysis.completions import write_completions_report
     from sagc_jax.analysis.run_report import plot_runs
     from sagc_jax.train.metrics import read_metrics, summarize
 
@@ -35,6 +43,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     )
     if steps:
         print(f"plots in {args.run_dir / 'report'}")
+    page = write_completions_report(args.run_dir, args.run_dir / "report")
+    if page is not None:
+        print(f"completions at the first, middle and last logged steps: {page}")
     return 0
 
 

@@ -788,6 +788,23 @@ class LoggingConfig(Section):
     plots: bool = option(True, help="write PNG plots of the run's metrics at the end")
     tensorboard: bool = option(True, help="write TensorBoard event files beside metrics.jsonl")
     progress: bool = option(True, help="progress bar on stderr")
+    completions_every: int = option(
+        10,
+        ge=0,
+        help="write the step's completions (text, rewards, advantages) to "
+        "RUN/completions/step-NNNNNN.pI.jsonl every this many steps and at the last (0: never)",
+    )
+    completions_groups: int = option(
+        4,
+        ge=0,
+        help="whole groups a logged step writes, drawn at random over every process's (0: all)",
+    )
+    completions_chars: int = option(
+        2000,
+        ge=64,
+        help="longer prompt and completion texts keep their first and last half of this many "
+        "characters (their full length in tokens is written beside them)",
+    )
 
 
 @dataclasses.dataclass(frozen=True)

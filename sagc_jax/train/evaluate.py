@@ -10,6 +10,7 @@ import numpy as np
 
 from sagc_jax.config import Config
 from sagc_jax.parallel import gather_rows
+from sagc_jax.tasks.prompt_source import Prompt
 from sagc_jax.train.rollout import generate
 
 
@@ -17,12 +18,15 @@ from sagc_jax.train.rollout import generate
 class HeldoutCompletions:
     """Every completion of a held-out evaluation, prompt-major: ``[prompts, samples]`` arrays of
     its reward (float), its length in tokens (EOS included) and whether it was cut at
-    ``max_new_tokens`` (no EOS)."""
+    ``max_new_tokens`` (no EOS); the prompts, and the completions' texts (``[prompts][samples]``;
+    None when several processes decoded, each its share)."""
 
     rewards_pk: np.ndarray
     lengths_pk: np.ndarray
     truncated_pk: np.ndarray
     max_new_tokens: int
+    prompts: tuple[Prompt, ...] = ()
+    texts_pk: tuple[tuple[str, ...], ...] | None = None
 
 
 def heldout_completions(
@@ -58,11 +62,16 @@ def heldout_completions(
         reward_on_error="zero",
     )
     rows = count * samples  # the real prompts' rows come first, in prompt order
+    texts_pk = None
+    if jax.process_count() == 1:  # text is not gathered: one process holds every row
+        texts_pk = tuple(tuple(r.texts[p * samples : (p + 1) * samples]) for p in range(count))
     return HeldoutCompletions(
         rewards_pk=gather_rows(r.rewards)[:rows].reshape(count, samples),
         lengths_pk=gather_rows(r.lengths)[:rows].reshape(count, samples),
         truncated_pk=gather_rows(r.truncated)[:rows].reshape(count, samples).astype(bool),
         max_new_tokens=s.max_new_tokens,
+        prompts=tuple(prompts[:count]),
+        texts_pk=texts_pk,
     )
 
 

@@ -39,6 +39,7 @@ from sagc_jax.rl import ALGORITHMS, group_advantages
 from sagc_jax.sampling.padding import bucket_length
 from sagc_jax.sampling.sampler import policy_sampler
 from sagc_jax.tasks.source import data_identity, make_source
+from sagc_jax.train.completions import CompletionLog
 from sagc_jax.train.control import agreed_group_size, observe
 from sagc_jax.train.evaluate import evaluate_policy
 from sagc_jax.train.hooks import (
@@ -169,6 +170,18 @@ class Trainer:
             resume_step=self.step,
             report=self._say,
         )
+        # every process writes its own share of a step's completions
+        self.completions = CompletionLog(
+            self.run_dir,
+            cfg.logging,
+            seed=cfg.train.seed,
+            process=jax.process_index(),
+            processes=jax.process_count(),
+            resume_step=self.step,
+            enabled=log and not self.finished,
+            text=self.writer.text if self.writer.enabled else None,
+            report=lambda line: print(f"train: {line}", flush=True),
+        )
 
     def sampling_params(self):
         """What the samplers decode now (``RunPrograms.sampling_params``)."""
@@ -184,6 +197,7 @@ class Trainer:
 
     def save(self) -> None:
         """Checkpoint the run at its current step (a collective)."""
+        self.completions.flush()  # the rows of the steps it holds are on disk first
         self.run_state.save(self.step, self.state.params, self.state.opt_state)
 
     # ------------------------------------------------------------------ compilation
@@ -389,9 +403,9 @@ class Trainer:
         return summarize(steps, evals)
 
     def _hooks(self, stop: StopRequest, bar: ProgressBar | None) -> Hooks:
-        """What runs after each step, in order: evaluation, the log line and progress bar, the
-        spike check, the reward-stall notice, the divergence check, sealing finished
-        checkpoints, saving one (and stopping) when due."""
+        """What runs after each step, in order: evaluation, the log line, the completions, the
+        progress bar, the spike check, the reward-stall notice, the divergence check, sealing
+        finished checkpoints, saving one (and stopping) when due."""
         t = self.cfg.train
         hooks = Hooks(t.steps)
         spikes = SpikeGuard(t.spike_factor, t.spike_window, report=self._say)
@@ -399,6 +413,7 @@ class Trainer:
         hooks.add(
             lambda step, log: self.writer.write(step, log.metrics, self.controller.candidates)
         )
+        hooks.add(self.completions, every=self.cfg.logging.completions_every)
         if bar is not None:
             hooks.add(bar)
         hooks.add(spikes)
@@ -411,6 +426,7 @@ class Trainer:
 
     def close(self) -> None:
         try:
+            self.completions.close()  # before the writer: its TensorBoard text goes through it
             self.run_state.store.close()
             self.writer.close()
         finally:

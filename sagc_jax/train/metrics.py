@@ -350,6 +350,12 @@ class MetricsWriter:
                 self._tb.add_scalar(f"controller/posterior_mean_G{g}", p, step)
         self._tb.flush()
 
+    def text(self, tag: str, markdown: str, step: int) -> None:
+        """``markdown`` in TensorBoard's text tab under ``tag`` at ``step`` (when it is on).
+        Other threads may call it: tensorboardX queues its events."""
+        if self._tb is not None:
+            self._tb.add_text(tag, markdown, step)
+
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)

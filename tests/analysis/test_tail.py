@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from sagc_jax.analysis.tail import tail_summary, tail_table, write_completions
+from sagc_jax.tasks.prompt_source import Prompt
 
 # 2 prompts x 4 samples under a cap of 100: prompt 0 has one runaway (100: at the cap) among
 # 10s; prompt 1 is even. Rewards: prompt 0 one right, prompt 1 none.
@@ -42,12 +43,35 @@ def test_a_group_size_that_does_not_divide_the_samples_leaves_the_rest_out():
 
 def test_completions_written_one_per_line_with_a_histogram(tmp_path):
     completions = SimpleNamespace(
-        lengths_pk=LENGTHS_PK, rewards_pk=REWARDS_PK, truncated_pk=LENGTHS_PK >= 100
+        lengths_pk=LENGTHS_PK,
+        rewards_pk=REWARDS_PK,
+        truncated_pk=LENGTHS_PK >= 100,
+        prompts=(Prompt("1+1=", "2", 7), Prompt("2+2=", "4", 9)),
+        texts_pk=(("2", "2#2", "2" * 100, "3"), ("4", "4", "5", "x\udcff")),
     )
     tail = tail_summary(LENGTHS_PK, REWARDS_PK, cap=100, groups=(4,), tau=3.0)
-    plot = write_completions(tmp_path / "out" / "c.jsonl", completions, tail)
+    plot = write_completions(tmp_path / "out" / "c.jsonl", completions, tail, chars=64)
     lines = [json.loads(line) for line in (tmp_path / "out" / "c.jsonl").read_text().splitlines()]
     assert len(lines) == 8
+    assert lines[1] == {
+        "prompt": 0,
+        "sample": 1,
+        "length": 10,
+        "reward": 1.0,
+        "truncated": False,
+        "prompt_id": 7,
+        "prompt_text": "1+1=",
+        "completion_text": "2#2",
+        "answer": "2",
+        "accepted": True,  # the checker's: reward >= 1, as eval/accuracy counts
+    }
+    assert lines[2]["completion_text"] == "2" * 32 + " [... 36 characters cut ...] " + "2" * 32
+    assert lines[5]["accepted"] is False and lines[5]["answer"] == "4"
+    assert lines[7]["completion_text"] == "x\\udcff"  # a byte that was not UTF-8, escaped
+    # several processes (each decoded its share of the texts): the figures only
+    several = SimpleNamespace(**{**vars(completions), "texts_pk": None})
+    write_completions(tmp_path / "out" / "c.jsonl", several, tail)
+    lines = [json.loads(line) for line in (tmp_path / "out" / "c.jsonl").read_text().splitlines()]
     assert lines[2] == {"prompt": 0, "sample": 2, "length": 100, "reward": 0.0, "truncated": True}
     assert lines[5] == {"prompt": 1, "sample": 1, "length": 20, "reward": 0.0, "truncated": False}
     assert plot == tmp_path / "out" / "c.png" and plot.stat().st_size > 0

@@ -84,6 +84,12 @@ def test_eval_writes_every_sampled_completion_and_the_length_tail(model_dir, tmp
     assert [(r["prompt"], r["sample"]) for r in records] == [
         (p, k) for p in range(3) for k in range(4)
     ]
+    # the texts, so that a wrong answer reads beside the right one
+    assert [(r["prompt_text"], r["answer"]) for r in records[::4]] == [
+        (f"what is {a} plus 1", str(a + 1)) for a in range(3)
+    ]
+    assert all(isinstance(r["completion_text"], str) for r in records)
+    assert [r["accepted"] for r in records] == [r["reward"] >= 1 for r in records]
     figures = json.loads(out.read_text())
     lengths = np.array([r["length"] for r in records])
     assert figures["eval/length_mean"] == pytest.approx(lengths.mean())
