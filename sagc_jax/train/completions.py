@@ -166,6 +166,8 @@ class CompletionLog:
     hook that does nothing.
     """
 
+    MAX_PENDING = 2  # steps handed over and not yet written
+
     def __init__(
         self,
         run_dir: str | Path,
@@ -212,6 +214,8 @@ class CompletionLog:
         if not self.enabled or self._pool is None:
             return
         self._check_done()
+        if len(self._pending) >= self.MAX_PENDING:  # a slow disk slows the run rather than
+            self._pending.pop(0).result()  # holding every step's rollouts in memory
         # the step's result is not changed after the step: the thread reads it as it is
         self._pending.append(self._pool.submit(self._write, step, log.result))
 
