@@ -141,7 +141,7 @@ def compare(
             made[(spec, seed)] = record
         per_run[(spec, seed)] = (steps_logged, evals)
         if start_eval is None and evals and int(evals[0]["step"]) == 0:
-            start_eval = {k: v for k, v in evals[0].items() if k != "step"}
+            start_eval = {k: v for k, v in evals[0].items() if k.startswith("eval/")}
             start_eval.setdefault("eval_from", name)
     first = names[0][:2]
     with _timing_config(cfg, made.get(first), resolved_cfgs.get(first)) as timed_cfg:

@@ -68,3 +68,36 @@ def _unusable(path: Path) -> str:
     if free < MIN_FREE_BYTES:
         return f"has {free >> 20} MiB free (less than {MIN_FREE_BYTES >> 20} MiB)"
     return ""
+
+
+# JAX's events for the work of making a program: tracing it, lowering it to MLIR, and compiling
+# it in XLA (or loading it from the persistent cache).
+COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+
+
+class CompileClock:
+    """Seconds this process spent making programs (``COMPILE_EVENTS``), read in stretches:
+    ``take()`` returns those since the last ``take()`` (or since the clock was made). One
+    listener serves every clock of the process."""
+
+    _total = 0.0
+    _listening = False
+
+    def __init__(self) -> None:
+        if not CompileClock._listening:
+            jax.monitoring.register_event_duration_secs_listener(CompileClock._heard)
+            CompileClock._listening = True
+        self._mark = CompileClock._total
+
+    @staticmethod
+    def _heard(event: str, duration: float, **_) -> None:
+        if event in COMPILE_EVENTS:
+            CompileClock._total += duration
+
+    def take(self) -> float:
+        seconds, self._mark = CompileClock._total - self._mark, CompileClock._total
+        return seconds

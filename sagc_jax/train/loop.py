@@ -27,7 +27,7 @@ from sagc_jax.config import Config
 from sagc_jax.parallel import ShardingPlan, any_process, gather_rows, is_leader
 from sagc_jax.planning.host_memory import trim_after_compiles
 from sagc_jax.planning.resolve import device_memory, resolve_run
-from sagc_jax.programs.compile_cache import use_compilation_cache
+from sagc_jax.programs.compile_cache import CompileClock, use_compilation_cache
 from sagc_jax.programs.policy import (
     build_sharded_policy,
     build_tokenizer,
@@ -90,6 +90,7 @@ class Trainer:
         """Everything after the lock: data, memory check, policy, optimizer, programs, the
         run's checkpoints and a resume from them, the metrics writer."""
         use_compilation_cache(cfg.train.compilation_cache_dir, report=self._say)
+        self.compile_clock = CompileClock()  # each metrics line: the seconds compiling before it
         trim_after_compiles()
         self.plan = ShardingPlan.from_config(cfg.mesh)
         self.source = make_source(
@@ -366,7 +367,8 @@ class Trainer:
             with phase("the step-0 evaluation"):
                 crash_point("eval", 0)
                 self.run_state.last_eval = start_eval or self.evaluate()
-            self.writer.write(0, self.run_state.last_eval)
+            compiled = {"time/compile_s": self.compile_clock.take()}
+            self.writer.write(0, {**self.run_state.last_eval, **compiled})
         if cfg.train.compile_ahead:
             with phase("compilation", kept):
                 crash_point("compile", self.step)
@@ -411,7 +413,11 @@ class Trainer:
         spikes = SpikeGuard(t.spike_factor, t.spike_window, report=self._say)
         hooks.add(Evaluation(self.evaluate, self.run_state), every=t.eval_every)
         hooks.add(
-            lambda step, log: self.writer.write(step, log.metrics, self.controller.candidates)
+            lambda step, log: self.writer.write(
+                step,
+                {**log.metrics, "time/compile_s": self.compile_clock.take()},
+                self.controller.candidates,
+            )
         )
         hooks.add(self.completions, every=self.cfg.logging.completions_every)
         if bar is not None:

@@ -8,7 +8,11 @@ import jax
 import pytest
 
 from sagc_jax.programs import compile_cache
-from sagc_jax.programs.compile_cache import default_cache_dir, use_compilation_cache
+from sagc_jax.programs.compile_cache import (
+    CompileClock,
+    default_cache_dir,
+    use_compilation_cache,
+)
 
 
 @pytest.fixture
@@ -56,3 +60,15 @@ def test_a_full_disk_is_one_line_and_no_cache(jax_cache_settings, tmp_path, monk
         f"train.compilation_cache_dir: {tmp_path / 'xla'} has 5 MiB free (less than 256 MiB); "
         "compiling without a persistent cache (point it at a writable folder, or set it to null)"
     ]
+
+
+def test_the_compile_clock_counts_making_programs_not_running_them():
+    clock = CompileClock()
+    f = jax.jit(lambda x: x * 3.0 + 1.0)
+    f(jax.numpy.ones(7))
+    assert clock.take() > 0  # traced, lowered, compiled (or loaded from the cache)
+    f(jax.numpy.ones(7))
+    assert clock.take() == 0  # the same shapes: the program is reused
+    other = CompileClock()
+    f(jax.numpy.ones(9))
+    assert other.take() > 0 and clock.take() > 0  # every clock hears every compile
