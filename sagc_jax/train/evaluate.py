@@ -10,6 +10,7 @@ import numpy as np
 
 from sagc_jax.config import Config
 from sagc_jax.parallel import gather_rows
+from sagc_jax.sampling.padding import bucket_length
 from sagc_jax.tasks.prompt_source import Prompt
 from sagc_jax.train.rollout import generate
 
@@ -29,6 +30,22 @@ class HeldoutCompletions:
     texts_pk: tuple[tuple[str, ...], ...] | None = None
 
 
+def heldout_prompts(sampler, source, num: int) -> list[Prompt]:
+    """The first ``num`` held-out prompts, the last repeated up to a multiple of the sampler's
+    batch shards (every shard decodes as many)."""
+    prompts = source.heldout(num)
+    shards = sampler.plan.batch_shards if sampler.plan is not None else 1
+    return prompts + prompts[-1:] * (-len(prompts) % shards)
+
+
+def heldout_shape(sampler, source, cfg: Config, num: int | None = None) -> tuple[int, int]:
+    """(rollouts over every process, prompt bucket) of the greedy evaluation's one sampler
+    call (``heldout_completions``), to compile it ahead."""
+    prompts = heldout_prompts(sampler, source, num or cfg.train.eval_size)
+    longest = max(len(source.encode(p)) for p in prompts)
+    return len(prompts), bucket_length(longest, source.prompt_buckets)
+
+
 def heldout_completions(
     sampler, params, source, cfg: Config, num: int | None = None, samples: int = 1
 ) -> HeldoutCompletions:
@@ -39,10 +56,8 @@ def heldout_completions(
     On a mesh the prompts are padded (repeating the last) to a multiple of the batch shards and
     every process decodes its share; the arrays cover the real prompts only, on every process.
     """
-    prompts = source.heldout(num or cfg.train.eval_size)
-    count = len(prompts)
-    shards = sampler.plan.batch_shards if sampler.plan is not None else 1
-    prompts = prompts + prompts[-1:] * (-count % shards)
+    count = len(source.heldout(num or cfg.train.eval_size))
+    prompts = heldout_prompts(sampler, source, num or cfg.train.eval_size)
     share = len(prompts) // jax.process_count()
     first = jax.process_index() * share
     s = cfg.sampling

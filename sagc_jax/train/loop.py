@@ -28,20 +28,21 @@ from sagc_jax.parallel import ShardingPlan, any_process, gather_rows, is_leader
 from sagc_jax.planning.host_memory import trim_after_compiles
 from sagc_jax.planning.resolve import device_memory, resolve_run
 from sagc_jax.programs.compile_cache import CompileClock, use_compilation_cache
+from sagc_jax.programs.packing import row_ladder
 from sagc_jax.programs.policy import (
     build_sharded_policy,
     build_tokenizer,
 )
 from sagc_jax.programs.state import build_run
 from sagc_jax.programs.tail import TailBatcher
-from sagc_jax.programs.update import batch_spec
+from sagc_jax.programs.update import batch_spec, packed_batch_spec
 from sagc_jax.rl import ALGORITHMS, group_advantages
 from sagc_jax.sampling.padding import bucket_length
 from sagc_jax.sampling.sampler import policy_sampler
 from sagc_jax.tasks.source import data_identity, make_source
 from sagc_jax.train.completions import CompletionLog
 from sagc_jax.train.control import agreed_group_size, observe
-from sagc_jax.train.evaluate import evaluate_policy
+from sagc_jax.train.evaluate import evaluate_policy, heldout_shape
 from sagc_jax.train.hooks import (
     Checkpointing,
     DivergenceCheck,
@@ -204,44 +205,58 @@ class Trainer:
     # ------------------------------------------------------------------ compilation
 
     def compile_ahead(self, log=print) -> None:
-        """Compile the rollout and update programs of every candidate G now (one line per G).
+        """Compile now what the run will run, one line each: every candidate G's rollout, the
+        update of every row count its steps can take (packed: each rung of the row ladder up to
+        the largest G's rollouts, since the rung follows the step's lengths; padded: the same
+        rungs when ``train.drop_no_signal`` leaves rows out, else each G's whole batch), a tail
+        step's rollout, and the held-out evaluation.
 
-        Uses the prompt bucket of the step's first batch; other buckets compile on first use,
-        and so does each packed update's row-count rung (it depends on the step's lengths).
+        Rollouts and padded updates use the prompt bucket of the step's first batch; other
+        buckets compile on first use.
         """
         cfg = self.cfg
         first = self.source.batch(self.step, 0, jax.process_count())  # one prompt per process
         width = int(gather_rows(np.array([len(self.source.encode(first[0]))])).max())
         bucket = bucket_length(width, self.shape.buckets)
         new = cfg.sampling.max_new_tokens
-        key = jax.random.key(0)
+        params = self.sampling_params()
         for label, (n, prompts) in self.shape.rollouts.items():
             t0 = time.perf_counter()
-            self.sampler.compile(
-                self.sampling_params(), n, bucket, max_new_tokens=new, prompts=prompts
+            self.sampler.compile(params, n, bucket, max_new_tokens=new, prompts=prompts)
+            log(f"compiled {label} ({n} rollouts): rollout {time.perf_counter() - t0:.1f} s")
+        rows = sorted({r for n, _ in self.shape.rollouts.values() for r in self._update_rows(n)})
+        t0 = time.perf_counter()
+        for r in rows:  # shaped and placed as a real batch: rows split over the mesh
+            spec = (
+                packed_batch_spec(r, self.shape.pack_len, self.plan.rows)
+                if cfg.train.packing
+                else batch_spec(r, bucket, new, self.plan.rows)
             )
-            t1 = time.perf_counter()
-            if cfg.train.packing:
-                log(f"compiled {label} ({n} rollouts): rollout {t1 - t0:.1f} s")
-                continue
-            # shaped and placed as a real batch: rows split over the mesh
-            batch = batch_spec(n, bucket, new, self.plan.rows)
-            self.programs.compile_update(self.state, batch, key)
-            t2 = time.perf_counter()
-            log(f"compiled {label} ({n} rollouts): rollout {t1 - t0:.1f} s, update {t2 - t1:.1f} s")
+            self.programs.compile_update(self.state, spec, jax.random.key(0))
+        seconds = time.perf_counter() - t0
+        log(f"compiled the update at {', '.join(map(str, rows))} rows: {seconds:.1f} s")
         # a tail step's rollout: more prompts, the exit test
         for g, (started, keep) in self.shape.tail_rollouts.items():
             t0 = time.perf_counter()
             self.sampler.compile(
-                self.sampling_params(),
-                started * g,
-                bucket,
-                max_new_tokens=new,
-                prompts=started,
-                keep_groups=keep,
+                params, started * g, bucket, max_new_tokens=new, prompts=started, keep_groups=keep
             )
             seconds = time.perf_counter() - t0
             log(f"compiled tail step G={g} ({started * g} rollouts): rollout {seconds:.1f} s")
+        t0 = time.perf_counter()
+        n, prompt_len = heldout_shape(self.eval_sampler, self.source, cfg)
+        self.eval_sampler.compile(params, n, prompt_len, max_new_tokens=new, prompts=n)
+        log(f"compiled the evaluation ({n} prompts): {time.perf_counter() - t0:.1f} s")
+
+    def _update_rows(self, rollouts: int) -> tuple[int, ...]:
+        """The global row counts an update of a step of ``rollouts`` rollouts can have (see
+        ``UpdateBatcher``: every process takes the rung the fullest one needs)."""
+        processes = jax.process_count()
+        local = rollouts // processes
+        ladder = row_ladder(self.shape.row_multiple, local)
+        if not (self.cfg.train.packing or self.batcher.drops):
+            ladder = ladder[-1:]  # one padded row per rollout, every rollout trained
+        return tuple(r * processes for r in ladder)
 
     # ------------------------------------------------------------------ one step
 
