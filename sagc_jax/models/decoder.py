@@ -3,7 +3,7 @@
 Two entry points:
   * `model(tokens_bt, positions_bt=None, mask_bt=None, segment_ids_bt=None) -> logits_btv`: full
     forward, no cache; with `segment_ids_bt` a row holds several sequences (packed); with
-    `dropout_key`, LoRA dropout on the adapters' inputs (the update's forward);
+    `dropout_key` (a key per token), LoRA dropout on the adapters' inputs (the update's forward);
   * `model.apply_cached(tokens_bt, cache) -> (logits_btv, cache)`: prefill (T = prompt length) or
     decode (T = 1) over a KV cache of S slots, rows left-padded.
 
@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sagc_jax.models import axes as ax
+from sagc_jax.models import lora
 from sagc_jax.models.architecture import DecoderConfig
 from sagc_jax.models.layers import MLP, Attention, RMSNorm, cache_blocks
 
@@ -163,7 +164,8 @@ class Decoder(nnx.Module):
         segment_ids_bt: int [B, T] instead of mask_bt, for packed rows: attention is causal
         within equal ids (1..n, 0 = padding), and ``positions_bt`` (restarting at 0 in each
         segment) must be given too.
-        dropout_key: LoRA dropout on the adapters' inputs, folded with each layer's index.
+        dropout_key: LoRA dropout on the adapters' inputs: typed keys [B, T], one per token
+        (``lora.token_keys``), each folded with the layer's index.
         """
         b, t = tokens_bt.shape
         if segment_ids_bt is not None:
@@ -185,7 +187,7 @@ class Decoder(nnx.Module):
         if self.config.remat != "none":
             forward = nnx.remat(_block_forward, policy=_REMAT_POLICY[self.config.remat])
         for i, block in enumerate(self.layers):
-            key = None if dropout_key is None else jax.random.fold_in(dropout_key, i)
+            key = None if dropout_key is None else lora.fold_keys(dropout_key, i)
             x_btd = forward(block, x_btd, positions_bt, segment_ids_bt, key)
         return x_btd
 
@@ -207,7 +209,7 @@ class Decoder(nnx.Module):
 
         def layer(x_btd, weights_and_index):
             weights, i = weights_and_index
-            key = None if dropout_key is None else jax.random.fold_in(dropout_key, i)
+            key = None if dropout_key is None else lora.fold_keys(dropout_key, i)
             block = nnx.merge(graphdef, weights)
             return _block_forward(block, x_btd, positions_bt, segment_ids_bt, key), None
 

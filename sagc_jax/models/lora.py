@@ -9,8 +9,11 @@ A @ B contracted over R (:func:`delta`, in W's own layout). A is drawn normal wi
 zeros: a fresh adapter leaves the model exactly as it was. Adapters are float32 whatever the
 weights' dtype (as PEFT keeps them), and carry the logical axes of the dimensions they share
 with W (None for R), so one sharding plan splits weights and adapters by the same rules.
-With a dropout rate and a key (the update's forward only), each adapter's input x is dropped
-(scaled by 1 / (1 - rate)) before A, as PEFT does.
+With a dropout rate and keys (the update's forward only), each adapter's input x is dropped
+(scaled by 1 / (1 - rate)) before A, as PEFT does. The keys are one per token
+(:func:`token_keys`: its rollout and its position in it), so a token's masks follow what it is,
+not the row, column or micro-batch it sits in: leaving rollouts out of the update, packing them
+or splitting the batch changes no mask.
 """
 
 from __future__ import annotations
@@ -88,6 +91,36 @@ def add_adapters(module: nnx.Module, cfg: DecoderConfig, key: jax.Array, kind: s
         setattr(module, t.b, b)
 
 
+def token_keys(key: jax.Array, rollout_bt: jax.Array, positions_bt: jax.Array) -> jax.Array:
+    """Typed keys [B, T] of LoRA dropout, one per token: fold_in(fold_in(key, rollout),
+    position), from int [B, T] rollout ids and positions in the rollout (0 at its first prompt
+    token). The same token of the same rollout gets the same key wherever it sits."""
+    one = lambda r, s: jax.random.fold_in(jax.random.fold_in(key, r), s)  # noqa: E731
+    return jax.vmap(jax.vmap(one))(rollout_bt, positions_bt)
+
+
+def _per_key(fn, keys: jax.Array) -> jax.Array:
+    """``fn(key)`` of every key of ``keys`` (any shape: jax.random takes one key at a time),
+    stacked in ``keys``' shape (vmapped, no reshape of the batch's split rows)."""
+    for _ in range(keys.ndim):
+        fn = jax.vmap(fn)
+    return fn(keys)
+
+
+def fold_keys(keys: jax.Array, data) -> jax.Array:
+    """``jax.random.fold_in(k, data)`` of every key of ``keys``."""
+    return _per_key(lambda k: jax.random.fold_in(k, data), keys)
+
+
+def _dropped(x: jax.Array, keys: jax.Array, rate: float) -> jax.Array:
+    """``x`` [B, T, ...] with each entry zeroed at ``rate`` (the rest scaled by 1 / (1 - rate)),
+    token [b, t]'s entries drawn with ``keys[b, t]``."""
+    keep = 1.0 - rate
+    per_token = x.shape[keys.ndim :]
+    keep_bt = _per_key(lambda k: jax.random.bernoulli(k, keep, per_token), keys)
+    return jnp.where(keep_bt, x / keep, 0).astype(x.dtype)
+
+
 def adapted(
     module: nnx.Module,
     target: str,
@@ -98,17 +131,17 @@ def adapted(
 ) -> jax.Array:
     """``y`` (the output x @ W) plus the adapter's (alpha / R) * (x @ A) @ B when ``module``
     adapts ``target``, else ``y`` unchanged. ``specs``: the two einsums, e.g.
-    "BTD,DR->BTR;BTR,RNH->BTNH". In ``y``'s dtype (the compute dtype). With ``dropout_key``,
-    x is dropped at the module's ``lora_dropout`` rate first (the key folded with the target)."""
+    "BTD,DR->BTR;BTR,RNH->BTNH". In ``y``'s dtype (the compute dtype). With ``dropout_key``
+    (typed keys [B, T], one per token of x: :func:`token_keys`), x is dropped at the module's
+    ``lora_dropout`` rate first (each token's key folded with the target)."""
     t = TARGETS[target]
     if not hasattr(module, t.a):
         return y
     a_spec, b_spec = specs.split(";")
     cd = y.dtype
     if dropout_key is not None and module.lora_dropout > 0:
-        keep = 1.0 - module.lora_dropout
-        key = jax.random.fold_in(dropout_key, list(TARGETS).index(target))
-        x = jnp.where(jax.random.bernoulli(key, keep, x.shape), x / keep, 0).astype(x.dtype)
+        keys = fold_keys(dropout_key, list(TARGETS).index(target))
+        x = _dropped(x, keys, module.lora_dropout)
     x_a = jnp.einsum(a_spec, x, getattr(module, t.a)[...].astype(cd))
     return y + module.lora_scale * jnp.einsum(b_spec, x_a, getattr(module, t.b)[...].astype(cd))
 

@@ -11,6 +11,9 @@ Layout of the per-token arrays (``PACKED_KEYS``, all [R, pack_len] but ``norm`` 
   tokens       int32, the input tokens (0 on padding);
   positions    int32, 0.. within each segment (0 on padding);
   segment_ids  int32, 1..n in each row, 0 on padding;
+  rollout      int32, the id of the token's rollout (its index in the step's rollouts; 0 on
+               padding): LoRA dropout draws a token's masks by its rollout and position
+               (``models.lora.token_keys``), not by where the packing put it;
   mask, weight, old_logp, adv  float32, stored at the position of the token *before* the
                completion token they score: position s carries the prediction of token s + 1
                (its logits), so the update reads ``log_softmax(logits)[s, tokens[s + 1]]``
@@ -31,7 +34,8 @@ Row counts come from a ladder (``row_ladder``) so the update compiles once per r
 Rollouts left out (``trained_b`` False: advantage 0 with no KL term, so their loss and gradient
 are exactly 0) take no row, yet their share of the normaliser (``normalizer_shares``) still
 counts, in row 0: the loss and gradient equal those of the whole batch. The padded batch
-(``padded_update_batch``) does the same with one row per trained rollout and a ``norm`` [R].
+(``padded_update_batch``) does the same with one row per trained rollout, a ``rollout`` [R]
+and a ``norm`` [R].
 """
 
 from __future__ import annotations
@@ -44,9 +48,29 @@ import numpy as np
 from sagc_jax.config import ConfigError
 from sagc_jax.rl.losses import aggregation_of, token_weights
 
-PACKED_KEYS = ("tokens", "positions", "segment_ids", "mask", "weight", "old_logp", "adv", "norm")
-# The padded batch: one row per trained rollout (``norm`` [R] as the packed batch's).
-PADDED_KEYS = ("prompt_ids", "prompt_lens", "completion", "old_logp", "mask", "adv", "norm")
+PACKED_KEYS = (
+    "tokens",
+    "positions",
+    "segment_ids",
+    "rollout",
+    "mask",
+    "weight",
+    "old_logp",
+    "adv",
+    "norm",
+)
+# The padded batch: one row per trained rollout (``rollout`` [R] its id, ``norm`` [R] as the
+# packed batch's).
+PADDED_KEYS = (
+    "prompt_ids",
+    "prompt_lens",
+    "completion",
+    "old_logp",
+    "mask",
+    "adv",
+    "rollout",
+    "norm",
+)
 
 
 def normalizer_shares(mask_bl, aggregation: str, max_new_tokens: int) -> np.ndarray:
@@ -57,6 +81,15 @@ def normalizer_shares(mask_bl, aggregation: str, max_new_tokens: int) -> np.ndar
     chex.assert_rank(mask_bl, 2)
     share_b = aggregation_of(aggregation).share(mask_bl.sum(axis=1), max_new_tokens)
     return np.asarray(share_b, np.float64)
+
+
+def _rollout_ids(rollout_b, batch: int) -> np.ndarray:
+    """int32 [B] the rollouts' ids (None: 0..B-1)."""
+    if rollout_b is None:
+        return np.arange(batch, dtype=np.int32)
+    rollout_b = np.asarray(rollout_b, np.int32)
+    chex.assert_shape(rollout_b, (batch,))
+    return rollout_b
 
 
 def _trained(trained_b, batch: int) -> np.ndarray:
@@ -179,6 +212,7 @@ def pack_update_batch(
     pack_len: int,
     rows: int,
     trained_b=None,
+    rollout_b=None,
 ) -> dict[str, np.ndarray]:
     """This process's trained rollouts packed into ``rows`` rows of ``pack_len`` tokens
     (``PACKED_KEYS``).
@@ -186,8 +220,9 @@ def pack_update_batch(
     prompt_ids_bp: int [B, P] left-padded prompts (row b's prompt in its last prompt_lens_b[b]
     columns); completion_bl: int [B, L]; old_logp_bl: float [B, L] rollout-time log-probs;
     adv_b: float [B]; mask_bl: float [B, L] loss mask; trained_b: bool [B] the rollouts placed
-    (None: all; the others count in the normaliser only). ``rows`` comes from
-    ``packed_rows_needed`` (the max over processes); fewer rows than the packing needs raise.
+    (None: all; the others count in the normaliser only); rollout_b: int [B] their ids, unique
+    in the step over every process (None: 0..B-1). ``rows`` comes from ``packed_rows_needed``
+    (the max over processes); fewer rows than the packing needs raise.
     Deterministic: the same inputs give the same arrays.
     """
     share_b = normalizer_shares(mask_bl, aggregation, max_new_tokens)
@@ -206,7 +241,8 @@ def pack_update_batch(
     if used > rows:
         raise ValueError(f"the rollouts need {used} packed rows but rows = {rows}")
     shape = (rows, pack_len)
-    out = {k: np.zeros(shape, np.int32) for k in ("tokens", "positions", "segment_ids")}
+    rollout_b = _rollout_ids(rollout_b, len(mask_bl))
+    out = {k: np.zeros(shape, np.int32) for k in ("tokens", "positions", "segment_ids", "rollout")}
     out.update({k: np.zeros(shape, np.float32) for k in ("mask", "weight", "old_logp", "adv")})
     norm_r = np.zeros(rows, np.float64)
     p = prompt_ids_bp.shape[1]
@@ -219,6 +255,7 @@ def pack_update_batch(
         out["tokens"][r, cols] = np.concatenate([prompt_ids_bp[b, p - pl :], completion_bl[b, :n]])
         out["positions"][r, cols] = np.arange(sizes_b[b])
         out["segment_ids"][r, cols] = segments_r[r]
+        out["rollout"][r, cols] = rollout_b[b]
         # completion token j is predicted at the position of the token before it
         scored = slice(start + pl - 1, start + pl - 1 + n)
         m = mask_bl[b, :n]
@@ -244,10 +281,11 @@ def padded_update_batch(
     max_new_tokens: int,
     rows: int,
     trained_b=None,
+    rollout_b=None,
 ) -> dict[str, np.ndarray]:
     """This process's trained rollouts, one padded row each, in ``rows`` rows (``PADDED_KEYS``;
     the inputs as :func:`pack_update_batch`'s). Rows past the trained rollouts are empty (mask
-    0, norm 0); row 0's ``norm`` also carries the left-out rollouts' shares."""
+    0, norm 0, rollout 0); row 0's ``norm`` also carries the left-out rollouts' shares."""
     arrays = {
         "prompt_ids": np.asarray(prompt_ids_bp, np.int32),
         "prompt_lens": np.asarray(prompt_lens_b, np.int32),
@@ -256,6 +294,7 @@ def padded_update_batch(
         "mask": np.asarray(mask_bl, np.float32),
         "adv": np.asarray(adv_b, np.float32),
     }
+    arrays["rollout"] = _rollout_ids(rollout_b, len(arrays["adv"]))
     chex.assert_equal_shape([arrays["completion"], arrays["old_logp"], arrays["mask"]])
     chex.assert_equal_shape(list(arrays.values()), dims=0)
     share_b = normalizer_shares(mask_bl, aggregation, max_new_tokens)

@@ -9,7 +9,10 @@ The update is jitted once per input shape and takes one of two batches:
   whatever G. The same loss, gradients and updates as the padded batch (with one mini-batch;
   several mini-batches draw packed rows rather than rollouts at random).
 Either batch carries each row's share of the step's loss normaliser (``norm``), so rollouts
-left out of it (no gradient: ``programs.packing``) still count in the loss's denominator.
+left out of it (no gradient: ``programs.packing``) still count in the loss's denominator, and
+each token's rollout id (``rollout``), by which LoRA dropout draws its masks: a rollout's masks
+are the same in either layout, in any row, micro-batch or mini-batch, with or without the
+rollouts left out.
 Programs compile on first use (or ahead of time) and are reused from the jit cache afterwards.
 ``compiled_programs()`` reports the cache sizes so tests and logs can catch recompiles.
 """
@@ -28,6 +31,7 @@ import optax
 from flax import nnx
 
 from sagc_jax.models import axes as ax
+from sagc_jax.models import lora
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.programs.packing import PACKED_KEYS, PADDED_KEYS
 from sagc_jax.rl import policy_loss, weighted_policy_loss
@@ -42,8 +46,9 @@ def completion_logprobs(
     prompt_ids_bt: int32 [B, P] left-padded prompts (row b's prompt in its last prompt_lens_b[b]
     columns); completion_bt: int32 [B, L]. Log-probs are taken at ``temperature``, as the sampler
     reports them, so a freshly sampled batch has ratio 1 up to float error (without LoRA
-    dropout: ``dropout_key``). Only the L completion positions' logits are computed, ``chunk``
-    tokens at a time (``rl.logprobs.token_logprobs``; 0: all at once).
+    dropout: ``dropout_key``, typed keys [B, P + L], one per token). Only the L completion
+    positions' logits are computed, ``chunk`` tokens at a time (``rl.logprobs.token_logprobs``;
+    0: all at once).
     """
     p = prompt_ids_bt.shape[1]
     tokens_bt = jnp.concatenate([prompt_ids_bt, completion_bt], axis=1)
@@ -59,7 +64,8 @@ def packed_logprobs(
     """float32 [B, T]: at position s, log p(tokens[s + 1] | its segment up to s), at
     ``temperature`` (as :func:`completion_logprobs`, ``chunk`` tokens of logits at a time).
     Packed rows (``train.packing``): only the positions whose next token is a scored completion
-    token of the same segment mean anything.
+    token of the same segment mean anything. ``dropout_key``: LoRA dropout's keys [B, T], one
+    per token.
     """
     h_btd = model.hidden(
         tokens_bt,
@@ -97,8 +103,9 @@ class RowLayout:
     padded layout (one rollout a row, ``PADDED_KEYS``) or the packed one (rollouts end to end,
     ``PACKED_KEYS``, the aggregation folded into per-token weights). ``spec(batch)``: the
     batch's contract from its own sizes; ``logprobs(model, rows, temperature, dropout_key,
-    chunk)``: float32 per scored position; ``loss(logp, ref_logp, rows, normalizer, settings)``:
-    (loss, metrics)."""
+    chunk)``: float32 per scored position (LoRA dropout's masks drawn from ``dropout_key`` by
+    each token's rollout and position, ``lora.token_keys``); ``loss(logp, ref_logp, rows,
+    normalizer, settings)``: (loss, metrics)."""
 
     keys: tuple[str, ...]
     spec: Callable[[dict], dict]
@@ -108,6 +115,13 @@ class RowLayout:
 
 def _padded_logprobs(model, rows, temperature, dropout_key=None, chunk=0):
     args = (rows["prompt_ids"], rows["prompt_lens"], rows["completion"], temperature)
+    if dropout_key is not None:
+        p, new = rows["prompt_ids"].shape[1], rows["completion"].shape[1]
+        # a rollout's first prompt token is position 0 (left padding clipped to 0: never seen)
+        start_b = p - rows["prompt_lens"]
+        positions_bt = jnp.maximum(jnp.arange(p + new)[None, :] - start_b[:, None], 0)
+        rollout_bt = jnp.broadcast_to(rows["rollout"][:, None], positions_bt.shape)
+        dropout_key = lora.token_keys(dropout_key, rollout_bt, positions_bt)
     return completion_logprobs(model, *args, dropout_key, chunk)
 
 
@@ -131,6 +145,8 @@ def _padded_loss(logp, ref_logp, rows, normalizer, settings):
 
 def _packed_logprobs(model, rows, temperature, dropout_key=None, chunk=0):
     args = (rows["tokens"], rows["positions"], rows["segment_ids"], temperature)
+    if dropout_key is not None:
+        dropout_key = lora.token_keys(dropout_key, rows["rollout"], rows["positions"])
     return packed_logprobs(model, *args, dropout_key, chunk)
 
 
@@ -160,8 +176,8 @@ def chunk_loss(
     dropout_key=None,
 ):
     """(loss, metrics) of the policy ``params`` (over ``base`` with LoRA, its adapters' inputs
-    dropped with ``dropout_key``) on a chunk of rows laid out as ``layout`` says; with a KL term
-    the reference policy's log-probs, without gradient."""
+    dropped with masks drawn from ``dropout_key`` by rollout) on a chunk of rows laid out as
+    ``layout`` says; with a KL term the reference policy's log-probs, without gradient."""
     chunk = settings.logprob_chunk
     model = policy_model(graphdef, params, base)
     logp = layout.logprobs(model, rows, settings.temperature, dropout_key, chunk)
@@ -191,7 +207,7 @@ class UpdateSettings:
     epochs: int = 1
     minibatches: int = 1
     microbatches: int = 1
-    lora_dropout: float = 0.0  # > 0: each chunk's policy forward drops the adapters' inputs
+    lora_dropout: float = 0.0  # > 0: the policy forward drops the adapters' inputs
     logprob_chunk: int = 0  # tokens of [tokens, vocab] logits at a time; 0: all at once
 
     @property
@@ -210,6 +226,7 @@ def batch_spec(rows: int, prompt_len: int, new_tokens: int, sharding=None) -> di
         "old_logp": ((rows, new_tokens), jnp.float32),
         "mask": ((rows, new_tokens), jnp.float32),
         "adv": ((rows,), jnp.float32),
+        "rollout": ((rows,), jnp.int32),
         "norm": ((rows,), jnp.float32),
     }
     return {k: jax.ShapeDtypeStruct(*v, sharding=sharding) for k, v in shapes.items()}
@@ -218,7 +235,7 @@ def batch_spec(rows: int, prompt_len: int, new_tokens: int, sharding=None) -> di
 def packed_batch_spec(rows: int, pack_len: int, sharding=None) -> dict:
     """ShapeDtypeStructs of a packed update batch (``PACKED_KEYS``) of ``rows`` x ``pack_len``
     (global rows: every process's rung together)."""
-    dtypes = {"tokens": jnp.int32, "positions": jnp.int32, "segment_ids": jnp.int32}
+    dtypes = dict.fromkeys(("tokens", "positions", "segment_ids", "rollout"), jnp.int32)
     shapes = {k: (rows,) if k == "norm" else (rows, pack_len) for k in PACKED_KEYS}
     return {
         k: jax.ShapeDtypeStruct(shapes[k], dtypes.get(k, jnp.float32), sharding=sharding)
@@ -305,7 +322,7 @@ class PolicyPrograms:
 
         batch: padded (``PADDED_KEYS``, from ``programs.packing.padded_update_batch``):
         prompt_ids [N, P], prompt_lens [N], completion [N, L], old_logp [N, L] (rollout time),
-        mask [N, L], adv [N], norm [N]; or packed (``PACKED_KEYS``, from
+        mask [N, L], adv [N], rollout [N], norm [N]; or packed (``PACKED_KEYS``, from
         ``programs.packing.pack_update_batch``): [R, pack_len] per token and norm [R]. Numpy or
         (multi-process: must be) global arrays. N (R) must divide by minibatches x microbatches.
         Returns (params, opt_state, metrics averaged over updates; per-token metrics are token
@@ -380,34 +397,35 @@ class PolicyPrograms:
 
 def update_order(key, rows: int, epochs: int, minibatches: int):
     """``(order, keys)``: the rows of each of the ``epochs x minibatches`` updates, int
-    ``[updates, rows / minibatches]`` (a permutation of the rows per epoch), and a key per update
-    (LoRA dropout's)."""
+    ``[updates, rows / minibatches]`` (a permutation of the rows per epoch), and LoRA dropout's
+    key of each update: its epoch's, so a rollout's masks do not depend on its mini-batch."""
     order = jnp.concatenate(
         [jax.random.permutation(jax.random.fold_in(key, epoch), rows) for epoch in range(epochs)]
     ).reshape(epochs * minibatches, rows // minibatches)
     # fold_in(key, epochs): apart from the permutations' fold_in(key, epoch < epochs)
-    return order, jax.random.split(jax.random.fold_in(key, epochs), len(order))
+    epoch_keys = jax.random.split(jax.random.fold_in(key, epochs), epochs)
+    return order, epoch_keys[jnp.arange(len(order)) // minibatches]
 
 
 def accumulated_loss(grad_fn, params, rows: dict, micro: int, update_key):
     """``(loss, metrics, grads)`` of one update's rows, summed over ``micro`` chunks (gradient
     accumulation; ``grad_fn(params, chunk, dropout_key)`` gives each chunk's). Chunk c holds
     rows c, c + micro, ...: each chunk keeps the rows' split over the mesh's batch axes (a
-    leading-axis reshape would put chunks on different devices)."""
+    leading-axis reshape would put chunks on different devices). Every chunk gets the update's
+    key (LoRA dropout's): masks are drawn by rollout, so no chunk needs a key of its own."""
     micro_rows = jax.tree.leaves(rows)[0].shape[0] // micro
     chunks = jax.tree.map(
         lambda x: jnp.swapaxes(x.reshape(micro_rows, micro, *x.shape[1:]), 0, 1), rows
     )
-    chunk_keys = jax.random.split(update_key, micro)  # LoRA dropout's, one per chunk
 
     def accumulate(acc, chunk):
-        (loss, metrics), grads = grad_fn(params, *chunk)
+        (loss, metrics), grads = grad_fn(params, chunk, update_key)
         return jax.tree.map(jnp.add, acc, (loss, metrics, grads)), None
 
     first = jax.tree.map(lambda x: x[0], chunks)
-    (loss, metrics), grads = grad_fn(params, first, chunk_keys[0])
+    (loss, metrics), grads = grad_fn(params, first, update_key)
     if micro > 1:
-        rest = jax.tree.map(lambda x: x[1:], chunks), chunk_keys[1:]
+        rest = jax.tree.map(lambda x: x[1:], chunks)
         (loss, metrics, grads), _ = jax.lax.scan(accumulate, (loss, metrics, grads), rest)
     return loss, metrics, grads
 

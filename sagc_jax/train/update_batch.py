@@ -1,7 +1,8 @@
 """The update's input from a step's rollouts: global arrays over the mesh, either packed into
 the row-count rung every process agrees on (``train.packing``; see ``programs.packing``) or
 one padded row per rollout (``programs.packing.PADDED_KEYS``); in both, only the rollouts whose
-gradient can be non-zero (``UpdateBatcher.trained``)."""
+gradient can be non-zero (``UpdateBatcher.trained``), each with its index in the step's rollouts
+(every process's, in process order), by which LoRA dropout draws its masks."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ class UpdateBatcher:
     ) -> dict[str, jax.Array]:
         """The update's input of this process's rollouts ``batch``, their advantages ``adv``
         float32 [N] and which are trained (``trained`` bool [N], from :meth:`trained`); a
-        collective (every process calls it): the row count is the rung every process needs."""
+        collective (every process calls it): the row count is the rung every process needs,
+        and the rollouts' ids follow the earlier processes' rollouts."""
         mask = completion_mask(
             batch.lengths,
             batch.completion.shape[1],
@@ -69,11 +71,12 @@ class UpdateBatcher:
             )
         else:  # one row per trained rollout, rounded up to a rung (all: the step's rollouts)
             rows = rung_for(int(trained.sum()), self.row_multiple, n)
-        rows = int(gather_rows(np.array([rows])).max())  # one rung for every process
+        rows_and_rollouts = gather_rows(np.array([[rows, n]]))  # [processes, 2]
+        rows = int(rows_and_rollouts[:, 0].max())  # one rung for every process
+        first = int(rows_and_rollouts[: jax.process_index(), 1].sum())
+        settings.update(rows=rows, trained_b=trained, rollout_b=first + np.arange(n))
         if self.cfg.train.packing:
-            local = pack_update_batch(
-                *arrays, **settings, pack_len=self.pack_len, rows=rows, trained_b=trained
-            )
+            local = pack_update_batch(*arrays, **settings, pack_len=self.pack_len)
         else:
-            local = padded_update_batch(*arrays, **settings, rows=rows, trained_b=trained)
+            local = padded_update_batch(*arrays, **settings)
         return self.plan.global_rows(local)

@@ -19,7 +19,7 @@ from sagc_jax.cli import main
 from sagc_jax.config import ConfigError, load_config
 from sagc_jax.models import Decoder, KVCache, get_preset, init_cache
 from sagc_jax.models.architecture import LORA_TARGETS
-from sagc_jax.models.lora import TARGETS, LoRAParam, delta, merge_adapters, scale
+from sagc_jax.models.lora import TARGETS, LoRAParam, delta, merge_adapters, scale, token_keys
 from sagc_jax.train.loop import Trainer
 from sagc_jax.train.lora_base import base_identity, check_same_base
 
@@ -80,9 +80,10 @@ def test_merged_adapters_compute_the_adapted_model():
     np.testing.assert_allclose(merged_btv, adapted_btv, atol=2e-4)
 
 
-def test_dropout_acts_only_with_a_key():
-    """LoRA dropout drops the adapters' inputs in a forward given a key (the update's), never
-    otherwise (sampling, the reference); the same key drops the same entries."""
+def test_dropout_acts_only_with_keys_and_follows_the_rollout():
+    """LoRA dropout drops the adapters' inputs in a forward given keys (the update's), never
+    otherwise (sampling, the reference); the same keys drop the same entries, and the keys go
+    with the rollout (``token_keys``): a rollout moved to another row is dropped alike."""
     cfg = get_preset("tiny", lora_rank=4, lora_dropout=0.5)
     graphdef, adapters, weights = _split(cfg)
     key = jax.random.key(1)
@@ -90,13 +91,18 @@ def test_dropout_acts_only_with_a_key():
     model = nnx.merge(graphdef, adapters, weights)
     plain = nnx.merge(_split(cfg.replace(lora_dropout=0.0))[0], adapters, weights)
     tokens_bt = jnp.asarray(np.random.default_rng(0).integers(3, 500, (2, 9)), jnp.int32)
+    positions_bt = jnp.broadcast_to(jnp.arange(9), (2, 9))
+    rollout_bt = jnp.broadcast_to(jnp.array([[5], [7]]), (2, 9))  # two rollouts' ids
+    keys_bt = token_keys(jax.random.key(2), rollout_bt, positions_bt)
     np.testing.assert_array_equal(model(tokens_bt), plain(tokens_bt))
-    dropped = model(tokens_bt, dropout_key=jax.random.key(2))
+    dropped = model(tokens_bt, dropout_key=keys_bt)
     assert float(jnp.max(jnp.abs(dropped - plain(tokens_bt)))) > 1e-3
-    np.testing.assert_array_equal(dropped, model(tokens_bt, dropout_key=jax.random.key(2)))
+    np.testing.assert_array_equal(dropped, model(tokens_bt, dropout_key=keys_bt))
+    swapped = model(tokens_bt[::-1], dropout_key=keys_bt[::-1])  # rollouts 7 and 5 swap rows
+    np.testing.assert_allclose(swapped[::-1], dropped, atol=1e-6)
     # on the base (adapters zero) dropout changes nothing
     zero = nnx.merge(graphdef, jax.tree.map(jnp.zeros_like, adapters), weights)
-    np.testing.assert_array_equal(zero(tokens_bt, dropout_key=jax.random.key(2)), zero(tokens_bt))
+    np.testing.assert_array_equal(zero(tokens_bt, dropout_key=keys_bt), zero(tokens_bt))
 
 
 def _update_batch(rows=8, prompt=6, new=12, seed=0):
@@ -110,6 +116,7 @@ def _update_batch(rows=8, prompt=6, new=12, seed=0):
         "old_logp": rng.normal(-3.0, 0.5, (rows, new)).astype(np.float32),
         "mask": np.ones((rows, new), np.float32),
         "adv": rng.normal(size=rows).astype(np.float32),
+        "rollout": np.arange(rows, dtype=np.int32),
     }
 
 

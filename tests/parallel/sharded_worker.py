@@ -47,6 +47,7 @@ def batch():
         "old_logp": rng.normal(-3.0, 0.5, (ROWS, NEW)).astype(np.float32),
         "mask": completion_mask(lengths, NEW),
         "adv": rng.normal(size=ROWS).astype(np.float32),
+        "rollout": np.arange(ROWS, dtype=np.int32),
         "norm": completion_mask(lengths, NEW).sum(axis=1),  # DAPO's token_mean: its tokens
     }
 

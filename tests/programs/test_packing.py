@@ -5,6 +5,7 @@ rung; and an update without the rollouts of no signal == one with them.
 subprocess).
 """
 
+import dataclasses
 import functools
 import json
 import os
@@ -22,6 +23,7 @@ from helpers import PYTHONPATH
 
 from sagc_jax.models import Decoder, get_preset
 from sagc_jax.models.layers import _attend_dot_product, _attend_splash, attend, resolve_attention
+from sagc_jax.models.lora import LoRAParam
 from sagc_jax.programs.packing import (
     PACKED_KEYS,
     pack_update_batch,
@@ -436,6 +438,42 @@ def test_an_update_without_the_rollouts_of_no_signal_equals_the_full_one():
         for name in ("padded", "packed"):
             chex.assert_trees_all_close(out[name][1], out["full"][1], rtol=1e-5, atol=1e-7)
             chex.assert_trees_all_close(out[name][0], out["full"][0], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_lora_dropout_draws_by_rollout_not_by_row():
+    """LoRA dropout keys each token's masks by its rollout and its position in it, not by the
+    row, column or micro-batch it lands in: an update on every rollout (one or two micro-batches)
+    and one on the trained rollouts only, padded or packed, give the same loss, gradient and
+    adapters (plain SGD at rate 1: the change is the gradient itself)."""
+    cfg = TINY.replace(lora_rank=4, lora_dropout=0.5)
+    graphdef, adapters, base = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)), LoRAParam, ...)
+    # B non-zero, so the dropped inputs reach the loss, not only B's gradient
+    adapters = jax.tree.map(lambda x: 0.1 * jax.random.normal(jax.random.key(1), x.shape), adapters)
+    b, trained = without_signal(16, seed=9)
+    tx = optax.sgd(1.0)
+    programs = PolicyPrograms(graphdef, tx)
+    rows = packed_rows_needed(
+        b["prompt_lens"], b["mask"], pack_len=P + L, multiple=2, max_rows=16, trained_b=trained
+    )
+    runs = {
+        "full": (padded(b, "seq_mean"), 1, 0.5),
+        "full, two micro-batches": (padded(b, "seq_mean"), 2, 0.5),
+        "padded": (padded(b, "seq_mean", rows=int(trained.sum()), trained=trained), 2, 0.5),
+        "packed": (pack(b, "seq_mean", rows, trained=trained), 2, 0.5),
+        "no dropout": (padded(b, "seq_mean"), 1, 0.0),
+    }
+    out = {}
+    for name, (batch, micro, rate) in runs.items():
+        s = dataclasses.replace(settings("seq_mean", micro=micro), lora_dropout=rate)
+        state = PolicyState(jax.tree.map(jnp.copy, adapters), tx.init(adapters), base=base)
+        new, _, metrics = programs.update(state, batch, jax.random.key(0), s)
+        out[name] = (new, {k: metrics[k] for k in ("loss", "grad_norm")})
+    full_grad_norm = float(out["full"][1]["grad_norm"])
+    assert abs(float(out["no dropout"][1]["grad_norm"]) - full_grad_norm) > 1e-2 * full_grad_norm
+    for name in ("full, two micro-batches", "padded", "packed"):
+        chex.assert_trees_all_close(out[name][1], out["full"][1], rtol=1e-5, atol=1e-7)
+        chex.assert_trees_all_close(out[name][0], out["full"][0], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -78,10 +78,11 @@ def test_a_step_without_learning_signal_runs_no_update(tmp_path):
     [
         [],
         ["train.packing=false", "loss.algorithm=dapo", "train.microbatches=2"],
-        ["model.lora_rank=4", "loss.algorithm=dr_grpo"],
+        # LoRA dropout: each rollout's masks by the rollout, not by its row or micro-batch
+        ["model.lora_rank=4", "model.lora_dropout=0.1", "loss.algorithm=dr_grpo"],
         ["tail_batching.enabled=true", "tail_batching.extra=0.5"],
     ],
-    ids=["grpo packed", "dapo padded microbatches", "dr_grpo lora", "tail batching"],
+    ids=["grpo packed", "dapo padded microbatches", "dr_grpo lora dropout", "tail batching"],
 )
 def test_leaving_out_the_rollouts_without_signal_changes_no_update(tmp_path, extra):
     """train.drop_no_signal on and off: the same rollouts, losses and weights (to float
