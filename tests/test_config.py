@@ -13,9 +13,9 @@ from sagc_jax.config import (
     ConfigError,
     from_dict,
     load_config,
-    reference_markdown,
     to_dict,
 )
+from sagc_jax.planning.choices import check_names, reference_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
@@ -48,8 +48,9 @@ def write(tmp_path, text):
 
 
 def error_of(path, overrides=()):
+    """The one-line error of the config as a command loads it (its kinds checked too)."""
     with pytest.raises(ConfigError) as info:
-        load_config(path, overrides)
+        load_config(path, overrides, check=check_names)
     message = str(info.value)
     assert "\n" not in message
     return message
@@ -236,7 +237,7 @@ def test_the_commands_without_config_are_the_ones_the_docs_name():
 
 
 def test_the_config_reference_page_is_current_and_every_key_has_a_meaning(capsys):
-    page = reference_markdown()
+    page = reference_markdown()  # the kinds' names and help from their tables
     assert (ROOT / "docs" / "config.md").read_text() == page, (
         "docs/config.md is stale: run `sagc-jax config --reference > docs/config.md`"
     )

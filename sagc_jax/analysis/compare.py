@@ -35,8 +35,8 @@ from sagc_jax.analysis.study import (
     plot_study,
     study,
 )
-from sagc_jax.config import Config, from_dict, parse_controller_spec, to_dict
-from sagc_jax.controller.registry import CONTROLLERS
+from sagc_jax.config import Config, from_dict, to_dict
+from sagc_jax.controller.registry import CONTROLLERS, parse_controller_spec
 from sagc_jax.planning.timing import step_timer
 from sagc_jax.tasks.source import data_identity
 from sagc_jax.train.loop import Trainer
@@ -50,10 +50,7 @@ def run_config(cfg: Config, spec: str, seed: int, steps: int | None) -> Config:
     kind, arg = parse_controller_spec(spec)
     data = to_dict(cfg)
     data["controller"]["kind"] = kind
-    if kind == "fixed":
-        data["controller"]["group_size"] = arg
-    elif kind == "hybrid" and arg is not None:
-        data["controller"]["hybrid"]["mode"] = arg
+    CONTROLLERS[kind].configure(data["controller"], arg)
     for own in (e.seeded for e in CONTROLLERS.values() if e.seeded):  # a random generator's
         data["controller"][own]["seed"] = getattr(cfg.controller, own).seed + seed
     data["train"]["seed"] = cfg.train.seed + seed

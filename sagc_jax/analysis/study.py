@@ -31,7 +31,7 @@ import math
 import numpy as np
 
 from sagc_jax.analysis.run_report import candidate_labels, figure_writer
-from sagc_jax.config import parse_controller_spec
+from sagc_jax.controller.registry import CONTROLLERS, parse_controller_spec
 from sagc_jax.sim.report import PRICE_TITLE, delta_line
 from sagc_jax.sim.steptime import REGIMES, StepTimer
 
@@ -218,7 +218,7 @@ def _floats(values) -> np.ndarray:
 def accuracy_target(per_run: dict, controllers: list[str], seeds: int) -> float:
     """``TARGET_FRACTION`` x the best mean final accuracy among the fixed-G controllers (all
     controllers when none is fixed)."""
-    fixed = [c for c in controllers if c.startswith("fixed")] or controllers
+    fixed = [c for c in controllers if not _adaptive(c)] or controllers
     best = max(
         np.nanmean([_last_accuracy(per_run[(c, s)][1]) for s in range(seeds)]) for c in fixed
     )
@@ -327,7 +327,7 @@ def paired_rows(measures: dict, controllers: list[str], seeds: int) -> list[dict
     pairs = [
         (subject, other)
         for i, subject in enumerate(controllers)
-        if not subject.startswith("fixed")
+        if _adaptive(subject)
         for other in controllers[:i]
     ]
     rows = []
@@ -458,8 +458,13 @@ def _band(ax, x, runs_y, label, bounds=(-math.inf, math.inf)):
 
 def _g_bounds(controller: str, candidates: tuple[int, ...]) -> tuple[float, float]:
     """The values G can take under ``controller``: its fixed size, or the ladder's range."""
-    kind, size = parse_controller_spec(controller)
-    return (size, size) if kind == "fixed" else (min(candidates), max(candidates))
+    kind, arg = parse_controller_spec(controller)
+    return CONTROLLERS[kind].g_range(arg, candidates)
+
+
+def _adaptive(controller: str) -> bool:
+    """Whether the controller of spec ``controller`` chooses G (not one fixed G)."""
+    return CONTROLLERS[parse_controller_spec(controller)[0]].adaptive
 
 
 def _plot_pareto(plt, save, per_run, controllers, seeds, timer) -> None:

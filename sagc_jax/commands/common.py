@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from sagc_jax import config
 from sagc_jax.config import Config, ConfigError
 
 
@@ -28,6 +29,14 @@ def add_config_args(parser: argparse.ArgumentParser, config_required: bool = Fal
         metavar="SECTION.KEY=VALUE",
         help="override one config value (repeatable), e.g. --set controller.delta=0.2",
     )
+
+
+def load_config(path: Path | None, overrides: list[str]) -> Config:
+    """The config of ``--config`` and ``--set``, its kinds checked against their tables
+    (``planning.choices``): every error one line naming the file line or the ``--set``."""
+    from sagc_jax.planning.choices import check_names
+
+    return config.load_config(path, overrides, check=check_names)
 
 
 def add_timing_args(parser: argparse.ArgumentParser) -> None:

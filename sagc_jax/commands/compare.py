@@ -10,10 +10,11 @@ from sagc_jax.commands.common import (
     UserError,
     add_config_args,
     add_timing_args,
+    load_config,
     run_dir,
     timing_overrides,
 )
-from sagc_jax.config import load_config, parse_controller_spec
+from sagc_jax.controller import parse_controller_spec
 
 
 def add_parser(subparsers) -> None:

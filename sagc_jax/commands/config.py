@@ -7,8 +7,8 @@ import argparse
 
 import yaml
 
-from sagc_jax.commands.common import add_config_args
-from sagc_jax.config import load_config, reference_markdown, to_dict
+from sagc_jax.commands.common import add_config_args, load_config
+from sagc_jax.config import to_dict
 
 
 def add_parser(subparsers) -> None:
@@ -25,6 +25,8 @@ def add_parser(subparsers) -> None:
 
 def cmd_config(args: argparse.Namespace) -> int:
     if args.reference:
+        from sagc_jax.planning.choices import reference_markdown
+
         print(reference_markdown(), end="")
         return 0
     cfg = load_config(args.config, args.overrides)

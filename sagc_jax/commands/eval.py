@@ -8,14 +8,13 @@ import json
 import os
 from pathlib import Path
 
-from sagc_jax.commands.common import UserError, add_config_args
+from sagc_jax.commands.common import UserError, add_config_args, load_config
 from sagc_jax.config import (
     ConfigError,
     changed_keys,
     config_differences,
     config_over_saved,
     from_dict,
-    load_config,
     to_dict,
 )
 

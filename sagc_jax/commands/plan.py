@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from sagc_jax.commands.common import UserError, add_config_args
-from sagc_jax.config import Config, load_config
+from sagc_jax.commands.common import UserError, add_config_args, load_config
+from sagc_jax.config import Config
 
 
 def add_parser(subparsers) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sagc_jax.commands.common import add_config_args, print_summary, run_dir
-from sagc_jax.config import Config, load_config
+from sagc_jax.commands.common import add_config_args, load_config, print_summary, run_dir
+from sagc_jax.config import Config
 
 
 def add_parser(subparsers) -> None:

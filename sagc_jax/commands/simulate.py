@@ -12,10 +12,11 @@ from sagc_jax.commands.common import (
     UserError,
     add_config_args,
     add_timing_args,
+    load_config,
     run_dir,
     timing_overrides,
 )
-from sagc_jax.config import Config, load_config, to_dict
+from sagc_jax.config import Config, to_dict
 
 
 def add_parser(subparsers) -> None:

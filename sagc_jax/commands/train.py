@@ -13,10 +13,11 @@ from sagc_jax.commands.common import (
     UserError,
     add_config_args,
     bad_input_errors,
+    load_config,
     print_summary,
     run_dir,
 )
-from sagc_jax.config import Config, load_config
+from sagc_jax.config import Config
 
 EXIT_DIVERGED = 3  # training stopped: too many non-finite updates in a row
 

@@ -16,7 +16,8 @@ simulator can import it cheaply. One module per job:
 - :mod:`~sagc_jax.config.base`: :func:`option`, :class:`Section`, :class:`ConfigError`;
 - :mod:`~sagc_jax.config.sections`: the sections and :class:`Config` (:mod:`~sagc_jax.config.sim`:
   the ``sim`` section);
-- :mod:`~sagc_jax.config.spec`: the controller-spec grammar (``fixed:8``, ``hybrid:step``, ...);
+- :mod:`~sagc_jax.config.choices`: the table of an extension point (``Registry``) and the check of
+  the keys that name a kind against the tables, which live with the kinds (``check_names``);
 - :mod:`~sagc_jax.config.load`: YAML, ``--set`` overrides, :func:`to_dict` / :func:`from_dict`;
 - :mod:`~sagc_jax.config.saved`: a saved config against a resumed or warm-started run's;
 - :mod:`~sagc_jax.config.reference`: docs/config.md.
@@ -25,10 +26,12 @@ simulator can import it cheaply. One module per job:
 from __future__ import annotations
 
 from sagc_jax.config.base import ConfigError, option
+from sagc_jax.config.choices import Registry, check_names
 from sagc_jax.config.load import MOVED_KEYS, from_dict, load_config, to_dict
 from sagc_jax.config.reference import reference_markdown
 from sagc_jax.config.saved import changed_keys, config_differences, config_over_saved
 from sagc_jax.config.sections import (
+    HYBRID_MODES,
     LORA_TARGETS,
     Config,
     ControllerConfig,
@@ -47,10 +50,10 @@ from sagc_jax.config.sections import (
     TrainConfig,
 )
 from sagc_jax.config.sim import HARDWARE_NAMES, SimConfig
-from sagc_jax.config.spec import parse_controller_spec
 
 __all__ = [
     "HARDWARE_NAMES",
+    "HYBRID_MODES",
     "LORA_TARGETS",
     "MOVED_KEYS",
     "SimConfig",
@@ -76,7 +79,8 @@ __all__ = [
     "from_dict",
     "load_config",
     "option",
-    "parse_controller_spec",
+    "Registry",
+    "check_names",
     "reference_markdown",
     "to_dict",
 ]

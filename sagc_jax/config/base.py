@@ -24,6 +24,7 @@ def option(
     le=None,
     lt=None,
     choices=None,
+    named: bool = False,
     help: str = "",
     resumable: bool | None = None,
     warm_start: bool | None = None,
@@ -31,6 +32,10 @@ def option(
     outcome: bool | None = None,
 ):
     """A dataclass field with a default, bounds and allowed choices, checked on construction.
+
+    named: it names a kind of an extension point, whose table (``config.choices.Registry``)
+    lives with the kinds, above this package: its names are checked at resolution
+    (``config.choices.check_names``) and docs/config.md lists them and their help from there.
 
     What a change of the key means for saved work (:func:`changed_keys`):
     resumable: a resumed ``train`` run may change it (None: the section's ``_resumable``);
@@ -45,6 +50,7 @@ def option(
     if isinstance(default, list | dict):
         raise TypeError("use tuples for sequence defaults: configs are frozen")
     meta = {"ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "help": help}
+    meta["named"] = named
     meta.update(resumable=resumable, warm_start=warm_start, params=params, outcome=outcome)
     return dataclasses.field(default=default, metadata=meta)
 

@@ -178,11 +178,17 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
-def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
+def load_config(
+    path: str | Path | None = None,
+    overrides: typing.Sequence[str] = (),
+    check: typing.Callable[[Config], None] | None = None,
+) -> Config:
     """Load ``path`` (YAML; None for all defaults), apply ``--set`` overrides, validate.
 
-    Raises ConfigError with a one-line message that starts with the file (and line) or the
-    ``--set`` argument responsible.
+    ``check``: a further check of the config (``planning.choices.check_names``: the keys that
+    name a kind, against their tables), its errors located like the others. Raises ConfigError
+    with a one-line message that starts with the file (and line) or the ``--set`` argument
+    responsible.
     """
     data: dict = {}
     lines: dict[str, int] = {}
@@ -221,7 +227,10 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
         set_keys[key] = text
         from_file = {k: v for k, v in from_file.items() if k != key and not k.startswith(key + ".")}
     try:
-        return from_dict(data)
+        cfg = from_dict(data)
+        if check is not None:
+            check(cfg)
+        return cfg
     except ConfigError as err:
         raise ConfigError(_locate(str(err), origin, lines, set_keys)) from None
 

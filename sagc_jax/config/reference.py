@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Mapping
 
 import yaml
 
@@ -13,9 +14,11 @@ from sagc_jax.config.saved import key_flag
 from sagc_jax.config.sections import Config
 
 
-def reference_markdown() -> str:
+def reference_markdown(tables: Mapping) -> str:
     """docs/config.md: every key with its default, what it accepts and its help, one table per
-    section, generated from the dataclasses (``sagc-jax config --reference``)."""
+    section, generated from the dataclasses (``sagc-jax config --reference``); a key that names
+    a kind lists the names and their help from its table in ``tables`` (by key:
+    ``planning.choices.TABLES``)."""
     out = [
         "# Configuration reference",
         "",
@@ -37,7 +40,11 @@ def reference_markdown() -> str:
                 continue
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             meta = f.metadata
-            accepts = " or ".join(f"`{c}`" for c in meta["choices"]) if meta.get("choices") else ""
+            table = tables[f"{prefix}{f.name}"] if meta.get("named") else None
+            choices = table.names() if table is not None else meta.get("choices")
+            accepts = " or ".join(f"`{c}`" for c in choices) if choices else ""
+            if table is not None and getattr(table, "form", None):
+                accepts += f" or `{table.form[0]}`"
             if accepts and isinstance(default, tuple):
                 accepts = f"a list, each {accepts}"
             accepts = accepts or type_name(hints[f.name])
@@ -46,7 +53,8 @@ def reference_markdown() -> str:
             value = list(default) if isinstance(default, tuple) else default
             shown = yaml.safe_dump(value, default_flow_style=True, width=1000)
             shown = shown.removesuffix("\n...\n").strip()
-            meaning = " ".join(meta.get("help", "").split()).replace("|", "\\|")
+            meaning = "; ".join(p for p in (meta.get("help", ""), table and table.help()) if p)
+            meaning = " ".join(meaning.split()).replace("|", "\\|")
             if key_flag(f"{prefix}{f.name}", "resumable"):
                 meaning += " *(a resume may change it)*"
             rows.append(f"| `{prefix}{f.name}` | `{shown}` | {accepts} | {meaning} |")

@@ -7,7 +7,9 @@ import dataclasses
 
 from sagc_jax.config.base import ConfigError, Section, option
 from sagc_jax.config.sim import SimConfig
-from sagc_jax.config.spec import CONTROLLER_SPECS, HYBRID_MODES
+
+# The hybrid controller's modes (controller.hybrid.mode; the spec 'hybrid:<mode>' picks one).
+HYBRID_MODES = ("step", "per_prompt")
 
 # Projections LoRA can adapt (models.architecture.LORA_TARGETS; this module imports no jax).
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -173,12 +175,8 @@ class LossConfig(Section):
     """Policy-gradient objective."""
 
     _prefix = "loss."
-    algorithm: str = option(
-        "grpo",
-        choices=("grpo", "dapo", "dr_grpo"),
-        help="grpo: advantages scaled by the group's std, sequence-mean loss; dapo: token-mean "
-        "loss (clip-higher through eps_high); dr_grpo: no std scaling, a constant normaliser",
-    )
+    # its names and their help: rl.losses.ALGORITHMS
+    algorithm: str = option("grpo", named=True)
     eps_low: float = option(
         0.2, gt=0.0, lt=1.0, help="lower clip of the probability ratio: 1 - eps_low"
     )
@@ -353,13 +351,8 @@ class ControllerConfig(Section):
     first G. Each controller's own knobs are in its subsection."""
 
     _prefix = "controller."
-    kind: str = option(
-        "sagc_plus",
-        choices=tuple(CONTROLLER_SPECS),
-        help="sagc: the paper's SAGC; sagc_plus: SAGC+ (docs/controller.md); sagc_value: SAGC+'s "
-        "budget, G chosen for learning signal per modeled second; hybrid: "
-        "prompt-aware; fixed: controller.group_size every step",
-    )
+    # its names and their help: controller.registry.CONTROLLERS
+    kind: str = option("sagc_plus", named=True)
     group_size: int = option(8, ge=1, help="G of the fixed baseline (kind: fixed)")
     candidates: tuple[int, ...] = option(
         (4, 8, 16), ge=1, help="the ladder of group sizes G, strictly increasing"
@@ -578,19 +571,14 @@ class DataConfig(Section):
 
     _prefix = "data."
     _warm_start = True
-    task: str = option(
-        "synthetic",
-        choices=("synthetic", "dataset", "reasoning_gym"),
-        help="synthetic: the built-in running-sum task; dataset: data.path with your own rows; "
-        "reasoning_gym: a reasoning-gym dataset (data.rg_dataset; pip install 'sagc-jax[rg]')",
-        params=True,
-    )
+    # its names and their help: tasks.source.SOURCES
+    task: str = option("synthetic", named=True, params=True)
     path: str | None = option(None, help="JSONL or Parquet of {prompt, answer} (task: dataset)")
     eval_path: str | None = option(None, help="held-out file (task: dataset)")
     reward: str = option(
         "auto",
-        help="'auto' (the task's own: synthetic, math for a dataset, the dataset's score_answer "
-        "for reasoning_gym), 'synthetic', 'math' or 'module:function'",
+        named=True,  # tasks.rewards.REWARDS: the built-ins and their help
+        help="'auto': the task's own reward; 'module:function': a function of your own",
     )
     reward_on_error: str = option(
         "raise",

@@ -15,12 +15,14 @@ from sagc_jax.controller.observation import (
 )
 from sagc_jax.controller.predictor import StragglePredictor
 from sagc_jax.controller.prompt_stats import PromptStats
+from sagc_jax.controller.registry import CONTROLLERS, parse_controller_spec
 from sagc_jax.controller.sagc import SAGCController
 from sagc_jax.controller.sagc_plus import SAGCPlusController
 from sagc_jax.controller.sagc_value import SAGCValueController
 from sagc_jax.controller.step import StepObservation, varied_groups
 
 __all__ = [
+    "CONTROLLERS",
     "FixedGroupController",
     "GroupController",
     "HybridConfig",
@@ -38,6 +40,7 @@ __all__ = [
     "check_ragged_lengths",
     "group_ratios",
     "make_controller",
+    "parse_controller_spec",
     "varied_groups",
     "padding_waste",
     "ragged_median_ratio",

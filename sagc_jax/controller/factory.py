@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from sagc_jax.config import ControllerConfig, parse_controller_spec
+from sagc_jax.config import ControllerConfig
 from sagc_jax.controller.base import GroupController
-from sagc_jax.controller.registry import CONTROLLERS
+from sagc_jax.controller.registry import CONTROLLERS, parse_controller_spec
 from sagc_jax.controller.sagc_value import StepSeconds
 
 
@@ -25,7 +25,8 @@ def make_controller(
     """
     if isinstance(spec, ControllerConfig):
         config = spec
-        spec = spec.kind if spec.kind != "fixed" else f"fixed:{spec.group_size}"
+        CONTROLLERS.check(spec.kind)
+        spec = CONTROLLERS[spec.kind].spec_of(spec.kind, spec)
     kind, arg = parse_controller_spec(spec)
     return CONTROLLERS[kind].build(config or ControllerConfig(), arg, step_seconds)
 

@@ -2,9 +2,10 @@
 ``plan --compile``, ``eval`` and ``compare`` read, every ``auto`` made concrete against the
 target it is given (the data, the mesh, one device's memory) and nothing resolved again after.
 
-In order: the prompt buckets (``sampling.prompt_buckets: auto``, from the data), the controller
-(its candidates; ``sagc_value`` with its step timer), the checks that every candidate G splits
-into the mesh's shards and the processes, the memory model (`planning.memory.MemoryModel`:
+In order: the names of its kinds (``planning.choices``), the prompt buckets
+(``sampling.prompt_buckets: auto``, from the data), the controller (its candidates;
+``sagc_value`` with its step timer), the checks that every candidate G splits into the mesh's
+shards and the processes, the memory model (`planning.memory.MemoryModel`:
 the state ``build_run`` makes, traced abstractly), the rollout slots (``sampling.slots: auto``,
 from that model and the device's memory) and the memory check. The config that comes out has
 concrete values where ``auto`` stood: the one config of the run after start-up.
@@ -20,7 +21,9 @@ import jax
 
 from sagc_jax.config import Config, ConfigError
 from sagc_jax.controller.base import GroupController
+from sagc_jax.controller.registry import CONTROLLERS
 from sagc_jax.parallel import ShardingPlan
+from sagc_jax.planning.choices import check_names
 from sagc_jax.planning.memory import GIB, MemoryModel, MemoryPlan
 from sagc_jax.planning.timing import controller_for_run
 from sagc_jax.programs.packing import resolve_pack_len, row_multiple
@@ -141,6 +144,7 @@ def resolve_run(
     the mesh or the processes cannot split are kept in ``refused`` instead of raised, so that the
     memory of another device count can still be planned."""
     say = report or (lambda line: None)
+    check_names(cfg)
     if cfg.sampling.prompt_buckets == "auto":
         cfg = _with_data_buckets(cfg, source)
     controller = controller_for_run(cfg)
@@ -195,7 +199,7 @@ def device_memory() -> tuple[int, str]:
 
 def ladder_key(cfg: Config) -> str:
     """The config key that sets the largest candidate G."""
-    return "controller.group_size" if cfg.controller.kind == "fixed" else "controller.candidates"
+    return CONTROLLERS[cfg.controller.kind].sizes_key()
 
 
 def _check_memory(plan: MemoryPlan, cfg: Config, available: int | None, what: str) -> None:

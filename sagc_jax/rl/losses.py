@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sagc_jax.config import Registry
+
 
 @dataclasses.dataclass(frozen=True)
 class Aggregation:
@@ -68,21 +70,41 @@ def aggregation_of(name: str) -> Aggregation:
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
     """A GRPO-family algorithm (``loss.algorithm``): how its loss aggregates tokens (a key of
-    ``AGGREGATIONS``) and whether its advantages are divided by the group's reward std."""
+    ``AGGREGATIONS``), whether its advantages are divided by the group's reward std, and its
+    line in ``loss.algorithm``'s help. Adding a loss is an entry in ``ALGORITHMS``."""
 
     name: str
     aggregation: str
     scale_by_std: bool
+    help: str = ""
 
 
-ALGORITHMS = {
-    a.name: a
-    for a in (
-        Algorithm("grpo", aggregation="seq_mean", scale_by_std=True),
-        Algorithm("dapo", aggregation="token_mean", scale_by_std=True),
-        Algorithm("dr_grpo", aggregation="constant", scale_by_std=False),  # Dr. GRPO
-    )
-}
+ALGORITHMS = Registry(
+    "loss.algorithm",
+    (
+        (a.name, a)
+        for a in (
+            Algorithm(
+                "grpo",
+                aggregation="seq_mean",
+                scale_by_std=True,
+                help="advantages scaled by the group's std, sequence-mean loss",
+            ),
+            Algorithm(
+                "dapo",
+                aggregation="token_mean",
+                scale_by_std=True,
+                help="token-mean loss (clip-higher through eps_high)",
+            ),
+            Algorithm(  # Dr. GRPO
+                "dr_grpo",
+                aggregation="constant",
+                scale_by_std=False,
+                help="no std scaling, a constant normaliser",
+            ),
+        )
+    ),
+)
 
 
 def loss_normalizer(mask_bt, aggregation: str, max_new_tokens: int | None = None) -> jax.Array:

@@ -12,7 +12,7 @@ from sagc_jax.tasks.math_checker import (
     score_math,
 )
 from sagc_jax.tasks.rewards import (
-    BUILTIN_REWARDS,
+    REWARDS,
     MathReward,
     RewardError,
     RewardFn,
@@ -27,7 +27,7 @@ from sagc_jax.tasks.rewards import (
 from sagc_jax.tasks.synthetic import SPLITS, Problem, SyntheticTask, check_running_sum
 
 __all__ = [
-    "BUILTIN_REWARDS",
+    "REWARDS",
     "DEFAULT_ALPHABET",
     "REQUIRED_FIELDS",
     "SPLITS",

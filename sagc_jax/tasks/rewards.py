@@ -1,4 +1,5 @@
-"""Reward functions: built-ins by name, user functions by ``module:function``, safe batch scoring.
+"""Reward functions: built-ins by name (``REWARDS``), user functions by ``module:function``, safe
+batch scoring.
 
 A reward function scores a batch of completions::
 
@@ -8,7 +9,8 @@ A reward function scores a batch of completions::
 The three lists have one entry per completion (B = prompts x G rows: a prompt and its answer are
 repeated for each of its G completions); completions are decoded text, cut at eos. It returns B
 finite floats (any sequence: list, tuple, numpy array), or a :class:`Scores` that also lists
-the rows it scored 0.0 because checking them hit a time limit. Built-ins:
+the rows it scored 0.0 because checking them hit a time limit. Built-ins, one entry each in
+``REWARDS`` (``data.reward``'s names; adding one is a function and an entry):
 
   ``synthetic``  1.0 for the right running-sum answer after ``#`` (:func:`check_running_sum`)
   ``math``       1.0 when the extracted final answer equals the reference (:class:`MathReward`:
@@ -34,6 +36,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from sagc_jax.config import Registry
 from sagc_jax.tasks.deadline_pool import TIMED_OUT, DeadlinePool, WorkerError
 from sagc_jax.tasks.math_checker import (
     Verdict,
@@ -45,8 +48,9 @@ from sagc_jax.tasks.math_checker import (
 from sagc_jax.tasks.synthetic import check_running_sum
 
 __all__ = [
-    "BUILTIN_REWARDS",
+    "REWARDS",
     "MathReward",
+    "Reward",
     "RewardError",
     "RewardFn",
     "RewardResult",
@@ -141,7 +145,38 @@ class MathReward:
 
 
 math_reward = MathReward()
-BUILTIN_REWARDS: dict[str, RewardFn] = {"synthetic": synthetic_reward, "math": math_reward}
+
+
+@dataclasses.dataclass(frozen=True)
+class Reward:
+    """A built-in reward (``data.reward``): ``build(**options)`` the function, given the
+    ``math_*`` options of the config (a reward that has none ignores them); ``help``: its line
+    in ``data.reward``'s help."""
+
+    build: Callable[..., RewardFn]
+    help: str
+
+
+def is_import_path(spec: str) -> bool:
+    """Whether ``spec`` has the form ``package.module:function``."""
+    module_name, sep, attr = spec.partition(":")
+    return bool(sep and module_name and attr)
+
+
+REWARDS = Registry(
+    "data.reward",
+    {
+        "synthetic": Reward(
+            lambda **_: synthetic_reward, "the running-sum answer after '#' (the synthetic task)"
+        ),
+        "math": Reward(
+            lambda **options: MathReward(**options) if options else math_reward,
+            "the final answer equal to the reference, symbolically",
+        ),
+    }.items(),
+    also=("auto",),
+    form=("package.module:function", is_import_path),
+)
 
 
 def _one_line(err: BaseException, limit: int = 160) -> str:
@@ -152,7 +187,7 @@ def _one_line(err: BaseException, limit: int = 160) -> str:
 
 
 def resolve_reward(spec: str, *, reward_timeout_s: float = 0.0, **math_options) -> RewardFn:
-    """A built-in name (``synthetic``, ``math``) or ``package.module:function`` -> the function.
+    """A built-in name (a key of ``REWARDS``) or ``package.module:function`` -> the function.
 
     ``math_options`` (``timeout_s``, ``batch_timeout_s``, ``workers``) configure the built-in
     ``math`` reward (:class:`MathReward`); other rewards ignore them. The function part may be
@@ -165,13 +200,11 @@ def resolve_reward(spec: str, *, reward_timeout_s: float = 0.0, **math_options) 
     if not isinstance(spec, str) or not spec.strip():
         raise RewardError(f"reward = {spec!r} must be a non-empty string")
     spec = spec.strip()
-    if spec == "math" and math_options:
-        return MathReward(**math_options)
-    if spec in BUILTIN_REWARDS:
-        return BUILTIN_REWARDS[spec]
-    builtins = ", ".join(BUILTIN_REWARDS)
+    if spec in REWARDS:
+        return REWARDS[spec].build(**math_options)
+    builtins = ", ".join(REWARDS)
     module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
+    if not is_import_path(spec):
         raise RewardError(
             f"reward '{spec}' is neither a built-in ({builtins}) nor 'package.module:function'"
         )

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sagc_jax.config import Config, ConfigError
+from sagc_jax.config import Config, ConfigError, Registry
 from sagc_jax.tasks import CharTokenizer, DatasetError, SyntheticTask, load_dataset
 from sagc_jax.tasks.datasets import shard_rows
 from sagc_jax.tasks.prompt_source import (
@@ -243,22 +243,35 @@ Build = Callable[..., PromptSource]
 @dataclasses.dataclass(frozen=True)
 class SourceEntry:
     """One prompt source (``data.task``): ``build`` makes it; ``identity`` is what a checkpoint
-    records of its data (compared on resume), ``{}`` where the config says it all."""
+    records of its data (compared on resume), ``{}`` where the config says it all; ``help``: its
+    line in ``data.task``'s help."""
 
     cls: type[PromptSource]
     build: Build
     identity: Callable[[Config], dict[str, dict]]
+    help: str
 
 
-SOURCES: dict[str, SourceEntry] = {
-    "synthetic": SourceEntry(
-        SyntheticSource,
-        lambda cfg, _tokenizer, *shard: SyntheticSource(cfg, *shard),  # its own tokenizer
-        lambda cfg: {},  # its parameters are in the config, which a resume compares
-    ),
-    "dataset": SourceEntry(DatasetSource, DatasetSource, file_identity),
-    "reasoning_gym": SourceEntry(ReasoningGymSource, ReasoningGymSource, reasoning_gym_identity),
-}
+SOURCES = Registry(
+    "data.task",
+    {
+        "synthetic": SourceEntry(
+            SyntheticSource,
+            lambda cfg, _tokenizer, *shard: SyntheticSource(cfg, *shard),  # its own tokenizer
+            lambda cfg: {},  # its parameters are in the config, which a resume compares
+            "the built-in running-sum task",
+        ),
+        "dataset": SourceEntry(
+            DatasetSource, DatasetSource, file_identity, "data.path with your own rows"
+        ),
+        "reasoning_gym": SourceEntry(
+            ReasoningGymSource,
+            ReasoningGymSource,
+            reasoning_gym_identity,
+            "a reasoning-gym dataset (data.rg_dataset; pip install 'sagc-jax[rg]')",
+        ),
+    }.items(),
+)
 
 
 def make_source(

@@ -14,7 +14,6 @@ from sagc_jax.config import (
     HybridConfig,
     SAGCConfig,
     load_config,
-    parse_controller_spec,
 )
 from sagc_jax.controller import (
     HybridController,
@@ -26,8 +25,10 @@ from sagc_jax.controller import (
     check_ragged_lengths,
     group_ratios,
     make_controller,
+    parse_controller_spec,
     ragged_median_ratio,
 )
+from sagc_jax.planning.choices import check_names
 
 LADDER = (4, 8, 16)
 
@@ -423,7 +424,8 @@ def test_controller_specs_and_config():
     assert isinstance(ctrl, HybridController) and ctrl.mode == "step"
     assert make_controller("hybrid:per_prompt", cfg.controller).mode == "per_prompt"
     assert make_controller(ControllerConfig(kind="fixed", group_size=4)).propose() == 4
-    msg = str(pytest.raises(ConfigError, load_config, None, ["sim.controllers=[hybrid:x]"]).value)
+    bad = ["sim.controllers=[hybrid:x]"]
+    msg = str(pytest.raises(ConfigError, load_config, None, bad, check_names).value)
     assert "controller spec 'hybrid:x' is not allowed" in msg
     msg = str(pytest.raises(ConfigError, load_config, None, ["controller.hybrid.mode=fast"]).value)
     assert "choose one of ['step', 'per_prompt']" in msg

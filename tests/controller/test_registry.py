@@ -1,5 +1,5 @@
-"""The controller registry: one entry per kind, equal to the kinds the config and the spec
-grammar allow, and the recipe of docs/architecture.md ("Add a controller") followed once: a toy
+"""The controller registry: one entry per kind, the kinds the config and the spec grammar
+allow, and the recipe of docs/architecture.md ("Add a controller") followed once: a toy
 controller registered in one entry is built from its spec and its own metrics reach the run's
 log, with no allowlist to extend."""
 
@@ -8,27 +8,24 @@ import dataclasses
 import numpy as np
 import pytest
 
-from sagc_jax.config import ConfigError, ControllerConfig, parse_controller_spec
-from sagc_jax.config.spec import CONTROLLER_SPECS
+from sagc_jax.config import ConfigError, ControllerConfig
 from sagc_jax.controller import GroupController, StepObservation, make_controller
-from sagc_jax.controller.registry import CONTROLLERS, ControllerEntry
+from sagc_jax.controller.registry import CONTROLLERS, ControllerEntry, parse_controller_spec
+from sagc_jax.planning.choices import TABLES
 from sagc_jax.train.metrics import controller_metrics
 
-SPECS = {"sagc": "sagc", "sagc_plus": "sagc_plus", "sagc_value": "sagc_value"}
-SPECS |= {"hybrid": "hybrid:per_prompt", "fixed": "fixed:8"}
 
-
-def test_the_registry_is_the_configs_choices():
+def test_the_config_reads_its_kinds_from_the_registry():
     (kind,) = [f for f in dataclasses.fields(ControllerConfig) if f.name == "kind"]
-    assert tuple(CONTROLLERS) == tuple(CONTROLLER_SPECS) == kind.metadata["choices"]
-    assert set(SPECS) == set(CONTROLLERS)
+    assert kind.metadata["named"] and TABLES["controller.kind"] is CONTROLLERS
 
 
-@pytest.mark.parametrize("kind", list(SPECS))
+@pytest.mark.parametrize("kind", list(CONTROLLERS))
 def test_every_kind_builds_from_its_spec_and_the_config(kind):
-    from_spec = make_controller(SPECS[kind])
-    assert type(from_spec) is CONTROLLERS[kind].cls
     cfg = ControllerConfig(kind=kind, group_size=8)
+    spec = CONTROLLERS[kind].spec_of(kind, cfg)
+    assert parse_controller_spec(spec)[0] == kind
+    assert type(make_controller(spec)) is CONTROLLERS[kind].cls
     assert type(make_controller(cfg)) is CONTROLLERS[kind].cls
     seeded = CONTROLLERS[kind].seeded  # the section compare offsets per seed has a seed
     assert seeded is None or hasattr(getattr(cfg, seeded), "seed")
@@ -50,8 +47,8 @@ class HalvingController(GroupController):
 
 
 def test_a_new_controller_is_one_entry(monkeypatch):
-    monkeypatch.setitem(CONTROLLER_SPECS, "halving", ())
-    entry = ControllerEntry(HalvingController, lambda config, _, __: HalvingController(config))
+    build = lambda config, _, __: HalvingController(config)  # noqa: E731
+    entry = ControllerEntry(HalvingController, build, "the smallest rung")
     monkeypatch.setitem(CONTROLLERS, "halving", entry)
     assert parse_controller_spec("halving") == ("halving", None)
     controller = make_controller("halving", ControllerConfig(candidates=(2, 4)))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sagc_jax.tasks import (
-    BUILTIN_REWARDS,
+    REWARDS,
     MathReward,
     RewardError,
     Scores,
@@ -46,10 +46,7 @@ def user_module(tmp_path, monkeypatch):
 
 
 def test_builtins_resolve_and_score():
-    assert resolve_reward("synthetic") is synthetic_reward and set(BUILTIN_REWARDS) == {
-        "synthetic",
-        "math",
-    }
+    assert resolve_reward("synthetic") is synthetic_reward
     assert resolve_reward(" math ") is math_reward
     configured = resolve_reward("math", timeout_s=1.5, batch_timeout_s=9.0, workers=3)
     assert isinstance(configured, MathReward) and configured.batch_timeout_s == 9.0
@@ -67,7 +64,7 @@ def test_user_function_by_module_colon_name(user_module):
 @pytest.mark.parametrize(
     "spec, needle",
     [
-        ("nonsense", "reward 'nonsense' is neither a built-in (synthetic, math) nor"),
+        ("nonsense", f"reward 'nonsense' is neither a built-in ({', '.join(REWARDS)}) nor"),
         (":fn", "reward ':fn' is neither a built-in"),
         ("sagc_no_such_module_xyz:fn", "cannot import module 'sagc_no_such_module_xyz'"),
         (

@@ -5,13 +5,14 @@
 import dataclasses
 
 from sagc_jax.config import DataConfig, load_config
+from sagc_jax.planning.choices import TABLES
 from sagc_jax.tasks.prompt_source import PromptSource
 from sagc_jax.tasks.source import SOURCES, SourceEntry, data_identity, make_source
 
 
-def test_the_registry_is_data_tasks_choices():
+def test_data_task_reads_its_choices_from_the_registry():
     (task,) = [f for f in dataclasses.fields(DataConfig) if f.name == "task"]
-    assert tuple(SOURCES) == task.metadata["choices"]
+    assert task.metadata["named"] and TABLES["data.task"] is SOURCES
     assert all(issubclass(entry.cls, PromptSource) for entry in SOURCES.values())
 
 
@@ -31,7 +32,7 @@ class CountingSource(PromptSource):
 
 def test_make_source_and_the_identity_go_through_the_entry(monkeypatch):
     identity = {"data.toy": {"path": "toy", "size": 0, "sha256": ""}}
-    entry = SourceEntry(CountingSource, CountingSource, lambda cfg: identity)
+    entry = SourceEntry(CountingSource, CountingSource, lambda cfg: identity, "positions")
     monkeypatch.setitem(SOURCES, "synthetic", entry)
     cfg = load_config(None, ["sampling.prompt_buckets=auto", "train.prompts_per_step=4"])
     said = []
