@@ -66,7 +66,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from sagc_jax.export import merged_run_params
     from sagc_jax.programs.compile_cache import use_compilation_cache
-    from sagc_jax.programs.policy import build_model, build_tokenizer
+    from sagc_jax.programs.policy import build_model, source_tokenizer
     from sagc_jax.sampling.sampler import policy_sampler
     from sagc_jax.tasks.source import make_source
     from sagc_jax.train.evaluate import eval_metrics, heldout_completions
@@ -86,7 +86,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         cfg, step = _run_config(path, args)
     use_compilation_cache(cfg.train.compilation_cache_dir, report=lambda x: print(f"eval: {x}"))
-    tokenizer = build_tokenizer(cfg) if cfg.data.task != "synthetic" else None
+    tokenizer = source_tokenizer(cfg)
     source = make_source(cfg, tokenizer)
     model = build_model(cfg, source.tokenizer, seed=0)
     graphdef, params = nnx.split(model)

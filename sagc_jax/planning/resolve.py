@@ -176,11 +176,10 @@ def _with_data_buckets(cfg: Config, source) -> Config:
     """``cfg`` with ``sampling.prompt_buckets`` the data's (``auto``), from ``source`` or one
     built for it."""
     if source is None:
-        from sagc_jax.programs.policy import build_tokenizer
+        from sagc_jax.programs.policy import source_tokenizer
         from sagc_jax.tasks.source import make_source
 
-        tokenizer = build_tokenizer(cfg) if cfg.data.task != "synthetic" else None
-        source = make_source(cfg, tokenizer)
+        source = make_source(cfg, source_tokenizer(cfg))
     return with_resolved_buckets(cfg, source)
 
 

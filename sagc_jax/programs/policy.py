@@ -16,6 +16,7 @@ from sagc_jax.models import Decoder, DecoderConfig, Tokenizer, get_preset, load_
 from sagc_jax.models.hf_checkpoint import hf_architecture
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.tasks import CharTokenizer
+from sagc_jax.tasks.source import SOURCES
 
 
 class Policy(NamedTuple):
@@ -29,14 +30,23 @@ class Policy(NamedTuple):
     shardings: Any
 
 
+def source_tokenizer(cfg: Config):
+    """The tokenizer the prompt source is handed: None for a source with its own (the
+    synthetic task's characters, ``SourceEntry.tokenizer``), else the model's."""
+    return None if SOURCES[cfg.data.task].tokenizer else build_tokenizer(cfg)
+
+
 def build_tokenizer(cfg: Config):
-    if cfg.data.task == "synthetic":
+    """The run's tokenizer: its source's own, or the model's (``model.tokenizer`` or
+    ``model.hf_checkpoint``)."""
+    own = SOURCES[cfg.data.task].tokenizer
+    if own is not None:
         if cfg.model.hf_checkpoint:
             raise ConfigError(
-                "data.task = 'synthetic' uses its own character tokenizer with a preset model; "
-                "unset model.hf_checkpoint or use data.task = 'dataset'"
+                f"data.task = {cfg.data.task!r} uses its own character tokenizer with a preset "
+                "model; unset model.hf_checkpoint or use data.task = 'dataset'"
             )
-        return CharTokenizer()
+        return own()
     path = cfg.model.tokenizer or cfg.model.hf_checkpoint
     if not path:
         raise ConfigError(
@@ -137,5 +147,5 @@ def architecture(cfg: Config) -> tuple[DecoderConfig, str]:
     source = f"preset {m.preset}"
     if m.hf_checkpoint:
         source += f" ({m.hf_checkpoint} not found)"
-    synthetic = cfg.data.task == "synthetic"  # its character vocabulary
-    return preset_architecture(cfg, CharTokenizer() if synthetic else None), source
+    own = SOURCES[cfg.data.task].tokenizer  # its vocabulary sizes the preset
+    return preset_architecture(cfg, own() if own else None), source

@@ -35,7 +35,8 @@ class Aggregation:
     sequence), else 1. ``share``: each rollout's share of the step's normaliser from its scored
     tokens ``tokens_b`` (float, numpy or jax) and the configured cap; the normaliser is their
     sum, a whole-step quantity, so the losses of mini-batches or packed rows sum to the loss of
-    the full batch. Adding an aggregation is an entry in ``AGGREGATIONS``: the padded loss
+    the full batch. Adding an aggregation is an entry in ``AGGREGATIONS`` (docs/architecture.md,
+    "Add a loss aggregation"): the padded loss
     (:func:`policy_loss`), the packed rows (``programs.packing``) and :func:`loss_normalizer`
     read it.
     """
@@ -71,7 +72,8 @@ def aggregation_of(name: str) -> Aggregation:
 class Algorithm:
     """A GRPO-family algorithm (``loss.algorithm``): how its loss aggregates tokens (a key of
     ``AGGREGATIONS``), whether its advantages are divided by the group's reward std, and its
-    line in ``loss.algorithm``'s help. Adding a loss is an entry in ``ALGORITHMS``."""
+    line in ``loss.algorithm``'s help. Adding a loss is an entry in ``ALGORITHMS``
+    (docs/architecture.md, "Add a loss")."""
 
     name: str
     aggregation: str

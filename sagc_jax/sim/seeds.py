@@ -2,8 +2,9 @@
 
     sagc-jax simulate --config configs/sim/prompt_pool.yaml --seeds 5 [--set k=v ...]
 
-Seed i sets ``sim.seed`` and the Thompson seeds (``controller.sagc.seed``,
-``controller.hybrid.seed``) to their configured values + i, so every controller of a seed sees
+Seed i sets ``sim.seed`` and the seed of every controller with a random generator (its
+registry entry's ``seeded`` section: ``controller.sagc.seed``, ``controller.hybrid.seed``) to
+their configured values + i, so every controller of a seed sees
 the same workload (common random numbers) and differences between controllers can be paired.
 Prints one markdown table: mean +- standard deviation over seeds of the straggler rate, mean G,
 mean log2 G and the modeled hours of the three rollout regimes (``sim.roofline``: compacting,
@@ -18,6 +19,7 @@ import dataclasses
 import numpy as np
 
 from sagc_jax.config import Config
+from sagc_jax.controller.registry import CONTROLLERS
 from sagc_jax.sim.runner import compare
 from sagc_jax.sim.steptime import StepTimer
 from sagc_jax.sim.workload import SyntheticWorkload
@@ -34,13 +36,14 @@ PAIRED = "compacting_h"  # the hours paired against the reference: the sampler's
 
 
 def seed_config(cfg: Config, offset: int) -> Config:
-    """``cfg`` with ``sim.seed``, ``controller.sagc.seed`` and ``controller.hybrid.seed`` moved
-    by ``offset``."""
+    """``cfg`` with ``sim.seed`` and each seeded controller's seed (``controller.sagc.seed``,
+    ``controller.hybrid.seed``) moved by ``offset``."""
     c = cfg.controller
     sim = dataclasses.replace(cfg.sim, seed=cfg.sim.seed + offset)
-    sagc = dataclasses.replace(c.sagc, seed=c.sagc.seed + offset)
-    hybrid = dataclasses.replace(c.hybrid, seed=c.hybrid.seed + offset)
-    controller = dataclasses.replace(c, sagc=sagc, hybrid=hybrid)
+    seeded = {e.seeded for e in CONTROLLERS.values() if e.seeded}  # a random generator's
+    own = {name: getattr(c, name) for name in seeded}
+    own = {name: dataclasses.replace(s, seed=s.seed + offset) for name, s in own.items()}
+    controller = dataclasses.replace(c, **own)
     return dataclasses.replace(cfg, sim=sim, controller=controller)
 
 

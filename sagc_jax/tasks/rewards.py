@@ -10,7 +10,8 @@ The three lists have one entry per completion (B = prompts x G rows: a prompt an
 repeated for each of its G completions); completions are decoded text, cut at eos. It returns B
 finite floats (any sequence: list, tuple, numpy array), or a :class:`Scores` that also lists
 the rows it scored 0.0 because checking them hit a time limit. Built-ins, one entry each in
-``REWARDS`` (``data.reward``'s names; adding one is a function and an entry):
+``REWARDS`` (``data.reward``'s names; adding one is a function and an entry: docs/architecture.md,
+"Add a reward"):
 
   ``synthetic``  1.0 for the right running-sum answer after ``#`` (:func:`check_running_sum`)
   ``math``       1.0 when the extracted final answer equals the reference (:class:`MathReward`:

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -244,12 +245,15 @@ Build = Callable[..., PromptSource]
 class SourceEntry:
     """One prompt source (``data.task``): ``build`` makes it; ``identity`` is what a checkpoint
     records of its data (compared on resume), ``{}`` where the config says it all; ``help``: its
-    line in ``data.task``'s help."""
+    line in ``data.task``'s help; ``tokenizer``: its own tokenizer's class, which the preset
+    model is sized to, or None where it reads the model's (``model.tokenizer`` or
+    ``hf_checkpoint``, handed to ``build``)."""
 
     cls: type[PromptSource]
     build: Build
     identity: Callable[[Config], dict[str, dict]]
     help: str
+    tokenizer: Callable[[], Any] | None = None
 
 
 SOURCES = Registry(
@@ -260,6 +264,7 @@ SOURCES = Registry(
             lambda cfg, _tokenizer, *shard: SyntheticSource(cfg, *shard),  # its own tokenizer
             lambda cfg: {},  # its parameters are in the config, which a resume compares
             "the built-in running-sum task",
+            tokenizer=CharTokenizer,
         ),
         "dataset": SourceEntry(
             DatasetSource, DatasetSource, file_identity, "data.path with your own rows"

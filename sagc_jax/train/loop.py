@@ -31,7 +31,7 @@ from sagc_jax.programs.compile_cache import CompileClock, use_compilation_cache
 from sagc_jax.programs.packing import row_ladder
 from sagc_jax.programs.policy import (
     build_sharded_policy,
-    build_tokenizer,
+    source_tokenizer,
 )
 from sagc_jax.programs.state import build_run
 from sagc_jax.programs.tail import TailBatcher
@@ -96,7 +96,7 @@ class Trainer:
         self.plan = ShardingPlan.from_config(cfg.mesh)
         self.source = make_source(
             cfg,
-            build_tokenizer(cfg) if cfg.data.task != "synthetic" else None,
+            source_tokenizer(cfg),
             shard_index=jax.process_index(),
             num_shards=jax.process_count(),
         )
