@@ -67,6 +67,9 @@ class ControllerEntry:
     controller; ``argument``: what its spec may carry after ``kind:`` (None: nothing). A kind
     whose argument is a size runs one G every step: a study measures the adaptive kinds
     against it, and its G (and the key that sets it) is that size rather than the ladder.
+    ``row_budget``: the rollout rows of its steps when they are fixed whatever the sizes (0:
+    P x G), and ``row_budget_key`` the key that sets them; ``check_run(config, processes)``:
+    what it needs of the run beyond its config (a ConfigError otherwise).
     """
 
     cls: type[GroupController]
@@ -74,6 +77,9 @@ class ControllerEntry:
     help: str
     seeded: str | None = None
     argument: Argument | None = None
+    row_budget: Callable[[ControllerConfig], int] = lambda config: 0
+    row_budget_key: str = ""
+    check_run: Callable[[ControllerConfig, int], None] = lambda config, processes: None
 
     @property
     def adaptive(self) -> bool:
@@ -114,6 +120,20 @@ def _hybrid(config: ControllerConfig, mode, _step_seconds) -> HybridController:
     return HybridController(config, hybrid)
 
 
+def _hybrid_rows(config: ControllerConfig) -> int:
+    """A ``per_prompt`` step's fixed rollout rows (0: none, the rows are P x G)."""
+    return config.hybrid.rows_per_step if config.hybrid.mode == "per_prompt" else 0
+
+
+def _check_hybrid_run(config: ControllerConfig, processes: int) -> None:
+    """Per-prompt group sizes train in one process only (``Config.check`` has the rest)."""
+    if config.hybrid.mode == "per_prompt" and processes > 1:
+        raise ConfigError(
+            f"controller.hybrid.mode = per_prompt trains in one process only ({processes} "
+            f"running): the processes' prompts would need unequal rows; use mode = step"
+        )
+
+
 CONTROLLERS = Registry(
     "controller.kind",
     {
@@ -141,6 +161,9 @@ CONTROLLERS = Registry(
             "prompt-aware",
             seeded="hybrid",
             argument=Argument("hybrid.mode", HYBRID_MODES),
+            row_budget=_hybrid_rows,
+            row_budget_key="controller.hybrid.rows_per_step",
+            check_run=_check_hybrid_run,
         ),
         "fixed": ControllerEntry(
             FixedGroupController,

@@ -29,7 +29,6 @@ from sagc_jax.planning.timing import controller_for_run
 from sagc_jax.programs.packing import resolve_pack_len, row_multiple
 from sagc_jax.programs.shapes import (
     check_batch_shapes,
-    check_hybrid,
     decode_rows,
     rollout_shapes,
     tail_rollout_shapes,
@@ -150,7 +149,7 @@ def resolve_run(
     controller = controller_for_run(cfg)
     refused = ""
     try:
-        check_hybrid(cfg, processes)
+        CONTROLLERS[cfg.controller.kind].check_run(cfg.controller, processes)
         check_batch_shapes(cfg, controller.candidates, plan.batch_shards, processes)
     except ConfigError as err:
         if not what_if:

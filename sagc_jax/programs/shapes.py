@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from sagc_jax.config import Config, ConfigError
+from sagc_jax.controller.registry import CONTROLLERS
 from sagc_jax.programs.optim import make_optimizer
 from sagc_jax.programs.tail import TailBatcher
 from sagc_jax.programs.update import UpdateSettings
@@ -29,11 +30,9 @@ def decode_rows(cfg: Config, group_size: int, slots: int) -> int:
 
 
 def per_prompt_budget(cfg: Config) -> int:
-    """The fixed rollout rows of a hybrid ``per_prompt`` step (0: none, the rows are P x G)."""
-    c = cfg.controller
-    if c.kind == "hybrid" and c.hybrid.mode == "per_prompt":
-        return c.hybrid.rows_per_step
-    return 0
+    """The fixed rollout rows of a step whose controller fixes them whatever the sizes (the
+    hybrid's ``per_prompt`` mode; its entry's ``row_budget``), 0: none, the rows are P x G."""
+    return CONTROLLERS[cfg.controller.kind].row_budget(cfg.controller)
 
 
 def rollout_shapes(cfg: Config, candidates: tuple[int, ...]) -> dict[str, tuple[int, int]]:
@@ -60,17 +59,6 @@ def tail_rollout_shapes(
     return shapes
 
 
-def check_hybrid(cfg: Config, processes: int = 1) -> None:
-    """What the hybrid controller needs of the run beyond its config (``Config.check`` has the
-    rest): per-prompt group sizes in one process only."""
-    c = cfg.controller
-    if c.kind == "hybrid" and c.hybrid.mode == "per_prompt" and processes > 1:
-        raise ConfigError(
-            f"controller.hybrid.mode = per_prompt trains in one process only ({processes} "
-            f"running): the processes' prompts would need unequal rows; use mode = step"
-        )
-
-
 def check_batch_shapes(
     cfg: Config, candidates: tuple[int, ...], batch_shards: int = 1, processes: int = 1
 ) -> None:
@@ -89,7 +77,8 @@ def check_batch_shapes(
         candidates = ()  # one fixed batch of rows, whatever the sizes
         if budget % (parts * batch_shards):
             raise ConfigError(
-                f"controller.hybrid.rows_per_step = {budget} rollouts cannot be split into "
+                f"{CONTROLLERS[cfg.controller.kind].row_budget_key} = {budget} rollouts cannot "
+                f"be split into "
                 f"train.minibatches x train.microbatches = {parts} (micro)batches of rows the "
                 f"{batch_shards} batch shards of the mesh divide"
             )

@@ -247,13 +247,15 @@ class SourceEntry:
     records of its data (compared on resume), ``{}`` where the config says it all; ``help``: its
     line in ``data.task``'s help; ``tokenizer``: its own tokenizer's class, which the preset
     model is sized to, or None where it reads the model's (``model.tokenizer`` or
-    ``hf_checkpoint``, handed to ``build``)."""
+    ``hf_checkpoint``, handed to ``build``); ``sharded``: each process reads its own shard of
+    the rows, so a resume must keep the number of processes."""
 
     cls: type[PromptSource]
     build: Build
     identity: Callable[[Config], dict[str, dict]]
     help: str
     tokenizer: Callable[[], Any] | None = None
+    sharded: bool = False
 
 
 SOURCES = Registry(
@@ -267,7 +269,11 @@ SOURCES = Registry(
             tokenizer=CharTokenizer,
         ),
         "dataset": SourceEntry(
-            DatasetSource, DatasetSource, file_identity, "data.path with your own rows"
+            DatasetSource,
+            DatasetSource,
+            file_identity,
+            "data.path with your own rows",
+            sharded=True,  # each process walks its own shard of the rows
         ),
         "reasoning_gym": SourceEntry(
             ReasoningGymSource,

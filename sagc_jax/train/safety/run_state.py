@@ -21,6 +21,7 @@ from sagc_jax.config import Config, ConfigError, changed_keys, to_dict
 from sagc_jax.controller import GroupController
 from sagc_jax.parallel import gather_rows
 from sagc_jax.programs.tail import TailBatcher
+from sagc_jax.tasks.source import SOURCES
 from sagc_jax.train.lora_base import check_same_base
 from sagc_jax.train.safety.checkpoint import CheckpointStore
 from sagc_jax.train.safety.faults import crash_point, resume_hint
@@ -90,7 +91,7 @@ class RunState:
         """Raise ConfigError when the run in ``meta`` cannot continue under this config."""
         changed = changed_keys(_as_resolved(meta["config"], self.cfg), self.cfg, "unresumable")
         processes = meta.get("processes", 1)
-        if self.cfg.data.task == "dataset" and processes != jax.process_count():
+        if SOURCES[self.cfg.data.task].sharded and processes != jax.process_count():
             raise ConfigError(
                 f"{self.run_dir}: cannot resume with {jax.process_count()} processes a run of "
                 f"{processes}: each process reads its own shard of the dataset, so the prompt "
