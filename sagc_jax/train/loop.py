@@ -88,11 +88,22 @@ class Trainer:
             raise
 
     def _build(self, cfg: Config, log: bool) -> None:
-        """Everything after the lock: data, memory check, policy, optimizer, programs, the
-        run's checkpoints and a resume from them, the metrics writer."""
+        """Everything after the lock, stage by stage: the compilation cache, the run resolved
+        against its data and the device, its policy and programs, the samplers, its checkpoints
+        and a resume from them, the logs."""
         use_compilation_cache(cfg.train.compilation_cache_dir, report=self._say)
         self.compile_clock = CompileClock()  # each metrics line: the seconds compiling before it
         trim_after_compiles()
+        data_id = self._resolve(cfg)
+        base_id = self._build_policy_and_programs(self.cfg)
+        self._build_samplers(self.cfg)
+        self._resume(self.cfg, data_id, base_id)
+        self._open_logs(self.cfg, log)
+
+    def _resolve(self, cfg: Config) -> dict:
+        """The mesh, the prompt source and the run resolved once (``self.shape``, whose config
+        is the run's from here on), the controller and tail batching; returns what checkpoints
+        record of the data files as read."""
         self.plan = ShardingPlan.from_config(cfg.mesh)
         self.source = make_source(
             cfg,
@@ -117,6 +128,12 @@ class Trainer:
         self.tail = None  # on-policy tail batching: its deferred queue and data cursor
         if cfg.tail_batching.enabled:
             self.tail = TailBatcher(cfg.tail_batching, jax.process_count())
+        return data_id
+
+    def _build_policy_and_programs(self, cfg: Config) -> dict | None:
+        """The policy (warm-started from ``train.init_checkpoint`` if set), the run's state and
+        programs, the free-space check and the update batcher; returns the LoRA base's identity
+        that checkpoints record (None without LoRA)."""
         policy = build_sharded_policy(cfg, self.tokenizer, cfg.train.seed, self.plan)
         if cfg.train.init_checkpoint:
             params = load_run_params(cfg.train.init_checkpoint, policy.params)
@@ -132,13 +149,16 @@ class Trainer:
                 "loss.kl_beta > 0: every rollout is trained, those of advantage 0 too (the KL "
                 "term gives them a gradient; train.drop_no_signal applies without it)"
             )
+        return base_id
+
+    def _build_samplers(self, cfg: Config) -> None:
+        """Two samplers, so that compiles/sampler counts the rollout programs only; held-out
+        prompts decode one row each, through as many rows as the memory check counted."""
         on_mesh = dict(
             plan=self.plan,
             state_shardings=self.programs.sampling_shardings,
             sampling=cfg.sampling,
         )
-        # two samplers, so that compiles/sampler counts the rollout programs only; held-out
-        # prompts decode one row each, through as many rows as the memory check counted
         self.sampler, self.eval_sampler = (
             policy_sampler(
                 self.programs.sampling_graphdef,
@@ -149,6 +169,10 @@ class Trainer:
             )
             for rows in (self.shape.slots, self.shape.eval_slots)
         )
+
+    def _resume(self, cfg: Config, data_id: dict, base_id: dict | None) -> None:
+        """The run's checkpoints, and the newest one's step, state and controller if there is
+        one (else step 0)."""
         self.root_key = jax.random.key(cfg.train.seed)
         self.step = 0
         self.run_state = RunState(
@@ -164,7 +188,10 @@ class Trainer:
         if resumed is not None:
             self.step, params, opt_state = resumed
             self.state = self.state._replace(params=params, opt_state=opt_state)
-        # a finished run is left exactly as it is: no log is opened, nothing is rewritten
+
+    def _open_logs(self, cfg: Config, log: bool) -> None:
+        """The metrics writer and the completion log; a finished run is left exactly as it is:
+        no log is opened, nothing is rewritten."""
         self.writer = MetricsWriter(
             self.run_dir,
             enabled=log and self.leader and not self.finished,
