@@ -25,7 +25,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from sagc_jax.config import Config, ConfigError, to_dict
+from sagc_jax.config import Config, ConfigError, from_dict, to_dict
 from sagc_jax.config.saved import config_differences, key_flag
 
 FORMAT = "sagc-jax run record"
@@ -214,10 +214,14 @@ def read_record(path: Path) -> dict:
 def check_record(record: dict, given: Config, path: Path, weights: dict | None = None) -> None:
     """RecordError (one line) when ``record`` was not made under ``given`` (the study's config
     for that run): the outcome keys that differ, or other weights (``weights``: None, not
-    checked)."""
+    checked). A key added to the config since the record was made counts at its default."""
     here = to_dict(given)
-    if record["config_sha256"] != config_sha256(here):
-        differ = config_differences(outcome_config(record["config"]), outcome_config(here))
+    try:
+        made = to_dict(from_dict(record["config"]))
+    except ConfigError:
+        made = record["config"]  # a key since removed or renamed: compared as written
+    differ = config_differences(outcome_config(made), outcome_config(here))
+    if differ:
         shown = [f"{k} = {_at(record['config'], k)!r} there, {_at(here, k)!r} here" for k in differ]
         more = f" (+{len(shown) - 2} more)" if len(shown) > 2 else ""
         raise RecordError(

@@ -74,6 +74,9 @@ def test_another_config_is_refused_naming_the_keys(tmp_path):
     line = str(err.value)
     assert "\n" not in line
     assert "train.learning_rate = 0.001 there, 0.5 here" in line and str(path) in line
+    # a key the config gained since the record was made counts at its default
+    del record["config"]["controller"]["tau"]
+    check_record(record, load_config(None, TINY), path)
     with pytest.raises(RecordError, match="other weights"):
         check_record(record, load_config(None, TINY), path, {"preset": "tiny", "seed": 2})
 
