@@ -178,7 +178,8 @@ def _with_data_buckets(cfg: Config, source) -> Config:
         from sagc_jax.programs.policy import source_tokenizer
         from sagc_jax.tasks.source import make_source
 
-        source = make_source(cfg, source_tokenizer(cfg))
+        tokenizer = source_tokenizer(cfg)  # None: the source has its own
+        source = make_source(cfg, tokenizer)
     return with_resolved_buckets(cfg, source)
 
 

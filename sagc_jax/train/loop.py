@@ -105,11 +105,9 @@ class Trainer:
         is the run's from here on), the controller and tail batching; returns what checkpoints
         record of the data files as read."""
         self.plan = ShardingPlan.from_config(cfg.mesh)
+        tokenizer = source_tokenizer(cfg)  # None: the source has its own
         self.source = make_source(
-            cfg,
-            source_tokenizer(cfg),
-            shard_index=jax.process_index(),
-            num_shards=jax.process_count(),
+            cfg, tokenizer, shard_index=jax.process_index(), num_shards=jax.process_count()
         )
         self.tokenizer = self.source.tokenizer
         data_id = data_identity(cfg)  # the files as read: checkpoints record it
