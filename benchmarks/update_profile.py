@@ -179,7 +179,7 @@ def main() -> None:
     print(f"jax {jax.__version__} | load average before: {os.getloadavg()[0]:.2f}", flush=True)
     cfg = load_config(args.config, [f"model.hf_checkpoint={args.model}", *args.set])
     plan = ShardingPlan.from_config(cfg.mesh)
-    policy = build_sharded_policy(cfg, build_tokenizer(cfg), cfg.train.seed, plan)
+    policy = build_sharded_policy(cfg.model, build_tokenizer(cfg), cfg.train.seed, plan)
     run, state = build_run(cfg, plan, policy)
     arch = policy.arch
     batch, d = step_batch(cfg, args, arch.vocab_size, plan.batch_shards)

@@ -124,8 +124,8 @@ def _architecture(cfg: Config, tokenizer) -> DecoderConfig:
     """The run's model (without adapters), as ``policy.build_model`` builds it."""
     m = cfg.model
     if m.hf_checkpoint:
-        return hf_architecture(m.hf_checkpoint, **run_settings(cfg))
-    return preset_architecture(cfg, tokenizer)
+        return hf_architecture(m.hf_checkpoint, **run_settings(m))
+    return preset_architecture(m, tokenizer)
 
 
 def _abstract(arch: DecoderConfig, kind=nnx.Param):
@@ -254,10 +254,10 @@ def lora_run_weights(
     read): the base built as the trainer builds it and checked against the one the adapters
     were trained over."""
     cfg = ckpt.cfg
-    params = nnx.state(build_model(cfg, tokenizer, seed=cfg.train.seed), nnx.Param)
+    params = nnx.state(build_model(cfg.model, tokenizer, seed=cfg.train.seed), nnx.Param)
     if cfg.train.init_checkpoint:
         params = load_run_params(cfg.train.init_checkpoint, params)
-    adapted = adapted_architecture(cfg, _architecture(cfg, tokenizer))
+    adapted = adapted_architecture(cfg.model, _architecture(cfg, tokenizer))
     ckpt, items = _restore(ckpt, {"params": _abstract(adapted, LoRAParam)}, unfinished_ok)
     check_same_base(ckpt.meta.get("base"), base_identity(cfg), ckpt.step)
     return ckpt, params, items["params"], adapted

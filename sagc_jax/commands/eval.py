@@ -88,7 +88,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     use_compilation_cache(cfg.train.compilation_cache_dir, report=lambda x: print(f"eval: {x}"))
     tokenizer = source_tokenizer(cfg)
     source = make_source(cfg, tokenizer)
-    model = build_model(cfg, source.tokenizer, seed=0)
+    model = build_model(cfg.model, source.tokenizer, seed=0)
     graphdef, params = nnx.split(model)
     if not model_dir:  # a model directory's weights are the ones build_model loaded
         if cfg.model.lora_rank:  # the adapters merged into their base: the plain model's

@@ -61,7 +61,7 @@ def _sft_locked(args: argparse.Namespace, cfg: Config, out_dir: Path) -> int:
             print(f"sft: resuming {out_dir} from step {step}")
     use_compilation_cache(cfg.train.compilation_cache_dir, report=lambda x: print(f"sft: {x}"))
     source = make_source(cfg)
-    model = build_model(cfg, source.tokenizer, seed=cfg.sft.seed)
+    model = build_model(cfg.model, source.tokenizer, seed=cfg.sft.seed)
     graphdef, params = nnx.split(model)
     result = run_sft(cfg, (graphdef, params, source), out_dir, progress=cfg.logging.progress)
     sampler = policy_sampler(graphdef, model.config, source.tokenizer, sampling=cfg.sampling)

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from sagc_jax.config import Config, ConfigError
+from sagc_jax.config import Config, ConfigError, ModelConfig
 from sagc_jax.models import Decoder, DecoderConfig, Tokenizer, get_preset, load_hf_checkpoint
 from sagc_jax.models.hf_checkpoint import hf_architecture
 from sagc_jax.parallel import ShardingPlan
@@ -57,26 +57,26 @@ def build_tokenizer(cfg: Config):
     return Tokenizer.from_dir(path)
 
 
-def build_model(cfg: Config, tokenizer, seed: int) -> Decoder:
-    """A fresh model: HF weights when model.hf_checkpoint is set, else a random preset."""
-    m = cfg.model
+def build_model(m: ModelConfig, tokenizer, seed: int) -> Decoder:
+    """A fresh model of the ``model`` section: HF weights when model.hf_checkpoint is set, else
+    a random preset."""
     if m.hf_checkpoint:
-        settings = run_settings(cfg)
+        settings = run_settings(m)
         dtype = settings.pop("param_dtype")
         model, _ = load_hf_checkpoint(m.hf_checkpoint, dtype=dtype, **settings)
         return model
-    return Decoder(preset_architecture(cfg, tokenizer), rngs=nnx.Rngs(seed))
+    return Decoder(preset_architecture(m, tokenizer), rngs=nnx.Rngs(seed))
 
 
-def build_sharded_policy(cfg: Config, tokenizer, seed: int, plan: ShardingPlan) -> Policy:
-    """The run's model with its params placed by ``plan``.
+def build_sharded_policy(m: ModelConfig, tokenizer, seed: int, plan: ShardingPlan) -> Policy:
+    """The model of the ``model`` section with its params placed by ``plan``.
 
     A random preset is initialised inside one program whose outputs are already split, so no
     device ever holds the whole model; HF weights are read (onto the first device), copied to
     the host once, and each device takes its piece from there.
     """
-    if cfg.model.hf_checkpoint:
-        model = build_model(cfg, tokenizer, seed)
+    if m.hf_checkpoint:
+        model = build_model(m, tokenizer, seed)
         graphdef, params = nnx.split(model)
         shardings = plan.params(params)
 
@@ -85,7 +85,7 @@ def build_sharded_policy(cfg: Config, tokenizer, seed: int, plan: ShardingPlan) 
             return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
         return Policy(graphdef, jax.tree.map(place, params, shardings), model.config, shardings)
-    arch = preset_architecture(cfg, tokenizer)
+    arch = preset_architecture(m, tokenizer)
 
     def init():
         return nnx.split(Decoder(arch, rngs=nnx.Rngs(seed)))[1]
@@ -95,10 +95,9 @@ def build_sharded_policy(cfg: Config, tokenizer, seed: int, plan: ShardingPlan) 
     return Policy(graphdef, jax.jit(init, out_shardings=shardings)(), arch, shardings)
 
 
-def adapted_architecture(cfg: Config, base_arch: DecoderConfig) -> DecoderConfig:
+def adapted_architecture(m: ModelConfig, base_arch: DecoderConfig) -> DecoderConfig:
     """``base_arch`` with the run's LoRA adapters (``model.lora_*``): the one place a run's
     adapted model is described (the trainer, plan, export)."""
-    m = cfg.model
     return base_arch.replace(
         lora_rank=m.lora_rank,
         lora_alpha=m.lora_alpha,
@@ -107,10 +106,9 @@ def adapted_architecture(cfg: Config, base_arch: DecoderConfig) -> DecoderConfig
     )
 
 
-def run_settings(cfg: Config) -> dict:
+def run_settings(m: ModelConfig) -> dict:
     """The `DecoderConfig` fields a run's ``model`` section sets over the architecture of its
     checkpoint or preset: dtypes, remat, scanned layers, attention."""
-    m = cfg.model
     return dict(
         param_dtype=m.param_dtype,
         compute_dtype=m.compute_dtype,
@@ -120,15 +118,14 @@ def run_settings(cfg: Config) -> dict:
     )
 
 
-def preset_architecture(cfg: Config, tokenizer=None) -> DecoderConfig:
+def preset_architecture(m: ModelConfig, tokenizer=None) -> DecoderConfig:
     """The architecture of ``model.preset`` with the configured dtypes and remat policy, and the
     tokenizer's special tokens (none given: the preset's, enough for shapes)."""
-    m = cfg.model
     try:
         arch: DecoderConfig = get_preset(m.preset)
     except (KeyError, ValueError) as err:
         raise ConfigError(f"model.preset = {m.preset!r}: {err}") from None
-    arch = arch.replace(**run_settings(cfg))
+    arch = arch.replace(**run_settings(m))
     if tokenizer is not None:
         eos = (tokenizer.eos_id,) if tokenizer.eos_id is not None else arch.eos_ids
         arch = arch.replace(bos_id=tokenizer.bos_id, eos_ids=eos)
@@ -142,10 +139,10 @@ def architecture(cfg: Config) -> tuple[DecoderConfig, str]:
     m = cfg.model
     if m.hf_checkpoint and (Path(m.hf_checkpoint) / "config.json").is_file():
         # a bad config.json: one line naming it
-        arch = hf_architecture(m.hf_checkpoint, **run_settings(cfg))
+        arch = hf_architecture(m.hf_checkpoint, **run_settings(m))
         return arch, f"{m.hf_checkpoint}/config.json"
     source = f"preset {m.preset}"
     if m.hf_checkpoint:
         source += f" ({m.hf_checkpoint} not found)"
     own = SOURCES[cfg.data.task].tokenizer  # its vocabulary sizes the preset
-    return preset_architecture(cfg, own() if own else None), source
+    return preset_architecture(m, own() if own else None), source

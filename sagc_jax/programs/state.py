@@ -102,7 +102,7 @@ def _adapters(cfg: Config, base_arch: DecoderConfig, seed: int, plan: ShardingPl
     adapters freshly initialised (B zeros) inside one program placed by ``plan`` (the base
     weights it would draw are never computed: only the adapters are its outputs), or only
     their shapes when not ``concrete``."""
-    arch = adapted_architecture(cfg, base_arch)
+    arch = adapted_architecture(cfg.model, base_arch)
 
     def adapted():
         return Decoder(arch, rngs=nnx.Rngs(seed))

@@ -132,7 +132,7 @@ class Trainer:
         """The policy (warm-started from ``train.init_checkpoint`` if set), the run's state and
         programs, the free-space check and the update batcher; returns the LoRA base's identity
         that checkpoints record (None without LoRA)."""
-        policy = build_sharded_policy(cfg, self.tokenizer, cfg.train.seed, self.plan)
+        policy = build_sharded_policy(cfg.model, self.tokenizer, cfg.train.seed, self.plan)
         if cfg.train.init_checkpoint:
             params = load_run_params(cfg.train.init_checkpoint, policy.params)
             policy = policy._replace(params=params)

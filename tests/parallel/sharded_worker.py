@@ -60,7 +60,7 @@ def run(mesh_shape, devices, kl_beta):
     overrides += [f"sampling.max_new_tokens={NEW}", "loss.algorithm=dapo", "loss.eps_high=0.28"]
     cfg = load_config(None, overrides)
     plan = ShardingPlan.from_config(MeshConfig(*mesh_shape), devices)
-    policy = build_sharded_policy(cfg, _Tok(), 0, plan)
+    policy = build_sharded_policy(cfg.model, _Tok(), 0, plan)
     programs, state = build_run(cfg, plan, policy)
     assert (state.ref_params is not None) == (kl_beta > 0)
     params, opt_state = state.params, state.opt_state

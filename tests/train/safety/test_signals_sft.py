@@ -49,7 +49,7 @@ def cli_env(crash: str | None = None) -> dict:
 
 def sft_params(path):
     cfg = load_config(None, SFT)
-    _, template = nnx.split(build_model(cfg, make_source(cfg).tokenizer, seed=0))
+    _, template = nnx.split(build_model(cfg.model, make_source(cfg).tokenizer, seed=0))
     return load_run_params(path, template, unfinished_ok=True)
 
 
@@ -125,7 +125,7 @@ def test_sft_stopped_saves_and_resumes_to_the_uninterrupted_result(
     # an unfinished warm start is not a starting point for train, and not resumed if changed
     with pytest.raises(ConfigError, match="stopped at step 3 of 6"):
         cfg = load_config(None, SFT)
-        _, template = nnx.split(build_model(cfg, make_source(cfg).tokenizer, seed=0))
+        _, template = nnx.split(build_model(cfg.model, make_source(cfg).tokenizer, seed=0))
         load_run_params(run, template)
     assert main([*args, "--set", "sft.learning_rate=0.01"]) == 2
     err = capsys.readouterr().err
