@@ -21,6 +21,7 @@ import numpy as np
 from sagc_jax.config import Config, ConfigError
 from sagc_jax.controller import make_controller
 from sagc_jax.decode_schedule import row_rungs
+from sagc_jax.models import DecoderConfig
 from sagc_jax.models import axes as ax
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.programs.packing import resolve_pack_len
@@ -118,18 +119,26 @@ def _sized(name: str, detail: str, tree, copies: int = 1) -> Item:
 
 class MemoryModel:
     """The memory of a run of ``cfg`` on the mesh of ``plan`` (prompt buckets concrete), its
-    steps at most of G = ``group_size``: the state as ``build_run`` makes it (abstract), the
-    update's items traced once per G, the samplers' caches for any number of slots.
+    steps at most of G = ``group_size``, its model ``architecture`` (the architecture and where
+    it came from: ``programs.policy.architecture``): the state as ``build_run`` makes it
+    (abstract), the update's items traced once per G, the samplers' caches for any number of
+    slots.
     `plan` gives the whole table; `auto_slots` the rows that fit a device."""
 
-    def __init__(self, cfg: Config, plan: ShardingPlan, group_size: int):
+    def __init__(
+        self,
+        cfg: Config,
+        plan: ShardingPlan,
+        group_size: int,
+        architecture: tuple[DecoderConfig, str],
+    ):
         if isinstance(cfg.sampling.prompt_buckets, str):
             raise ConfigError(
                 "sagc-jax plan needs the prompt buckets: resolve sampling.prompt_buckets = auto "
                 "from the data first (planning.resolve.resolve_run)"
             )
         self.cfg, self.sharding, self.group_size = cfg, plan, group_size
-        arch, self.source = architecture(cfg)
+        arch, self.source = architecture  # the model's, and where it came from
         policy = abstract_policy(arch, plan)
         self.run, self.state = build_run(cfg, plan, policy, concrete=False)
         self.arch = policy.arch  # what the samplers decode (with LoRA: the base's)
@@ -273,7 +282,7 @@ def memory_plan(
     ``planning.resolve.resolve_run``; this is the plan of a config as it stands (the LoRA
     table, tests)."""
     g = max(make_controller(cfg.controller).candidates)
-    model = MemoryModel(cfg, ShardingPlan.abstract(cfg.mesh, num_devices), g)
+    model = MemoryModel(cfg, ShardingPlan.abstract(cfg.mesh, num_devices), g, architecture(cfg))
     if slots is None:
         slots = 0 if cfg.sampling.slots == "auto" else cfg.sampling.slots
     return model.plan(slots, group_size)

@@ -27,6 +27,7 @@ from sagc_jax.planning.choices import check_names
 from sagc_jax.planning.memory import GIB, MemoryModel, MemoryPlan
 from sagc_jax.planning.timing import controller_for_run
 from sagc_jax.programs.packing import resolve_pack_len, row_multiple
+from sagc_jax.programs.policy import architecture
 from sagc_jax.programs.shapes import (
     check_batch_shapes,
     decode_rows,
@@ -146,7 +147,8 @@ def resolve_run(
     check_names(cfg)
     if cfg.sampling.prompt_buckets == "auto":
         cfg = _with_data_buckets(cfg, source)
-    controller = controller_for_run(cfg)
+    arch, arch_source = architecture(cfg)  # the model's shapes, read once
+    controller = controller_for_run(cfg, arch)
     refused = ""
     try:
         CONTROLLERS[cfg.controller.kind].check_run(cfg.controller, processes)
@@ -155,7 +157,7 @@ def resolve_run(
         if not what_if:
             raise
         refused = str(err)
-    memory = MemoryModel(cfg, plan, max(controller.candidates))
+    memory = MemoryModel(cfg, plan, max(controller.candidates), (arch, arch_source))
     slots = cfg.sampling.slots
     if slots == "auto":
         if device_bytes is None:

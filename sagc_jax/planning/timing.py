@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sagc_jax.config import Config, ConfigError
+from sagc_jax.config import Config, ConfigError, ModelConfig
 from sagc_jax.controller import make_controller
 from sagc_jax.controller.registry import CONTROLLERS
 from sagc_jax.models import PRESETS, DecoderConfig, get_preset
@@ -42,11 +42,19 @@ def timed_architecture(cfg: Config) -> tuple[DecoderConfig, str]:
     """The model ``sim.model`` names, as the step-time model times it: a preset or an HF
     checkpoint (its directory or config.json), in bfloat16; empty: the config's own model. The
     name a checkpoint is known by in tables is its directory's, not its path on this machine."""
-    name = cfg.sim.model
-    if not name:
-        arch, _ = architecture(cfg)
-        checkpoint = cfg.model.hf_checkpoint
-        return arch, _checkpoint_name(checkpoint) if checkpoint else cfg.model.preset
+    if not cfg.sim.model:
+        return architecture(cfg)[0], own_model_name(cfg.model)
+    return named_architecture(cfg.sim.model)
+
+
+def own_model_name(m: ModelConfig) -> str:
+    """The name the ``model`` section's model is timed by: its checkpoint's, else its preset."""
+    return _checkpoint_name(m.hf_checkpoint) if m.hf_checkpoint else m.preset
+
+
+def named_architecture(name: str) -> tuple[DecoderConfig, str]:
+    """The model ``sim.model = name`` names (a preset, an HF checkpoint directory or its
+    config.json), in bfloat16, and its name in tables."""
     dtypes = {"param_dtype": "bfloat16", "compute_dtype": "bfloat16"}
     if name in PRESETS:
         return get_preset(name, **dtypes), name
@@ -76,10 +84,19 @@ def step_timer(cfg: Config, padded_width: int, max_new_tokens: int | None = None
     ``padded_width`` tokens), ``train.epochs`` and the sampler's settings (``sampling``) with a
     cap of ``max_new_tokens`` (default ``sampling.max_new_tokens``; the synthetic workload's is
     ``sim.max_new_tokens``)."""
-    costs, name = None, ""
-    if cfg.sim.hardware != "custom":
-        arch, name = timed_architecture(cfg)
-        costs = model_costs(arch)
+    timed = None if cfg.sim.hardware == "custom" else timed_architecture(cfg)
+    return timer_of(cfg, timed, padded_width, max_new_tokens)
+
+
+def timer_of(
+    cfg: Config,
+    timed: tuple[DecoderConfig, str] | None,
+    padded_width: int,
+    max_new_tokens: int | None = None,
+) -> StepTimer:
+    """`step_timer` for the model ``timed`` (architecture, name; None: ``sim.hardware =
+    custom``, no model)."""
+    costs, name = (None, "") if timed is None else (model_costs(timed[0]), timed[1])
     cap = cfg.sampling.max_new_tokens if max_new_tokens is None else max_new_tokens
     return StepTimer(
         cfg.sim,
@@ -93,15 +110,20 @@ def step_timer(cfg: Config, padded_width: int, max_new_tokens: int | None = None
     )
 
 
-def controller_for_run(cfg: Config):
+def controller_for_run(cfg: Config, arch: DecoderConfig):
     """The run's controller (``controller.*``); one that ``weighs_step_time`` (``sagc_value``)
     weighs the modeled seconds of a step at each G by ``cfg.sim``'s step-time model (compacting
     rollouts plus the update, the prompts at the largest prompt bucket: ``cfg`` with its
-    buckets resolved)."""
+    buckets resolved). ``arch``: the run's model (``resolve_run``'s), timed unless ``sim.model``
+    names another."""
     step_seconds = None
     if CONTROLLERS[cfg.controller.kind].cls.weighs_step_time:
+        timed = None
+        if cfg.sim.hardware != "custom":
+            own = (arch, own_model_name(cfg.model))
+            timed = named_architecture(cfg.sim.model) if cfg.sim.model else own
         prompt = max(cfg.sampling.prompt_buckets)
-        timer = step_timer(cfg, prompt + cfg.sampling.max_new_tokens)
+        timer = timer_of(cfg, timed, prompt + cfg.sampling.max_new_tokens)
         step_seconds = timer.step_seconds(prompt)
     return make_controller(cfg.controller, step_seconds=step_seconds)
 

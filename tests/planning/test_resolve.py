@@ -15,6 +15,7 @@ import sagc_jax.programs.state as state_lib
 from sagc_jax.config import load_config, to_dict
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.planning.memory import MemoryModel, device_bytes
+from sagc_jax.programs.policy import architecture
 from sagc_jax.train.loop import Trainer
 from sagc_jax.train.safety.run_state import RunState
 
@@ -88,12 +89,12 @@ def test_the_plan_reads_the_state_build_run_makes(monkeypatch, lora):
     def items(model):
         return {i.name: i for i in model.plan(0).items}
 
-    before = MemoryModel(cfg, plan, 4)
+    before = MemoryModel(cfg, plan, 4, architecture(cfg))
     real = state_lib.make_trainer_optimizer
     monkeypatch.setattr(
         state_lib, "make_trainer_optimizer", lambda c: optax.chain(real(c), optax.trace(0.9))
     )
-    after = MemoryModel(cfg, plan, 4)
+    after = MemoryModel(cfg, plan, 4, architecture(cfg))
     trained = after.state.params
     assert items(after)["optimizer state"].per_device == device_bytes(after.state.opt_state)
     grown = items(after)["optimizer state"].per_device - items(before)["optimizer state"].per_device
