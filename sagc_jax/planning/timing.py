@@ -96,6 +96,7 @@ def timer_of(
 ) -> StepTimer:
     """`step_timer` for the model ``timed`` (architecture, name; None: ``sim.hardware =
     custom``, no model)."""
+    signal_only = trains_signal_only(cfg)
     costs, name = (None, "") if timed is None else (model_costs(timed[0]), timed[1])
     cap = cfg.sampling.max_new_tokens if max_new_tokens is None else max_new_tokens
     return StepTimer(
@@ -105,7 +106,7 @@ def timer_of(
         padded_width=None if cfg.train.packing else padded_width,
         epochs=cfg.train.epochs,
         reference=cfg.loss.kl_beta > 0,
-        signal_only=trains_signal_only(cfg),
+        signal_only=signal_only,
         engine=Engine.of(cfg.sampling, cap),
     )
 

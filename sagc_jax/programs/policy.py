@@ -137,12 +137,12 @@ def preset_architecture(m: ModelConfig, tokenizer=None) -> DecoderConfig:
 def architecture(cfg: Config) -> tuple[DecoderConfig, str]:
     """The model's shapes: the HF checkpoint's config.json if present, else the preset."""
     m = cfg.model
-    if m.hf_checkpoint and (Path(m.hf_checkpoint) / "config.json").is_file():
-        # a bad config.json: one line naming it
-        arch = hf_architecture(m.hf_checkpoint, **run_settings(m))
-        return arch, f"{m.hf_checkpoint}/config.json"
-    source = f"preset {m.preset}"
-    if m.hf_checkpoint:
-        source += f" ({m.hf_checkpoint} not found)"
-    own = SOURCES[cfg.data.task].tokenizer  # its vocabulary sizes the preset
-    return preset_architecture(m, own() if own else None), source
+    if not (m.hf_checkpoint and (Path(m.hf_checkpoint) / "config.json").is_file()):
+        source = f"preset {m.preset}"
+        if m.hf_checkpoint:
+            source += f" ({m.hf_checkpoint} not found)"
+        own = SOURCES[cfg.data.task].tokenizer  # its vocabulary sizes the preset
+        return preset_architecture(m, own() if own else None), source
+    settings = run_settings(m)
+    arch = hf_architecture(m.hf_checkpoint, **settings)  # a bad config.json: one line naming it
+    return arch, f"{m.hf_checkpoint}/config.json"
