@@ -78,7 +78,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     from sagc_jax.parallel import ShardingPlan
     from sagc_jax.planning.memory import format_plan
-    from sagc_jax.planning.resolve import resolve_run
+    from sagc_jax.planning.resolve import data_source, resolve_run
     from sagc_jax.planning.timing import format_step, step_prediction
     from sagc_jax.sim.roofline import HARDWARE
 
@@ -97,7 +97,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         memory = HARDWARE[args.hardware].memory_gib
     memory_bytes = int(memory * 1024**3) if memory else None
     plan = ShardingPlan.abstract(cfg.mesh, devices)
-    shape = resolve_run(cfg, plan, device_bytes=memory_bytes, what_if=True)
+    shape = resolve_run(cfg, plan, source=data_source(cfg), device_bytes=memory_bytes, what_if=True)
     cfg = shape.cfg
     if args.lora_compare is not None:
         from sagc_jax.planning.memory import format_lora_comparison, lora_comparison

@@ -29,7 +29,7 @@ from sagc_jax.models.layers import attention_platform
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.planning.host_memory import resident_bytes
 from sagc_jax.planning.memory import GIB, device_bytes
-from sagc_jax.planning.resolve import RunShape, resolve_run
+from sagc_jax.planning.resolve import RunShape, data_source, resolve_run
 from sagc_jax.programs.packing import row_ladder
 from sagc_jax.programs.update import batch_spec, packed_batch_spec
 from sagc_jax.sampling.sampler import Sampler, policy_sampler
@@ -190,7 +190,13 @@ def run_programs(cfg: Config, target: Target, shapes: str = "largest") -> list[P
         raise ConfigError(f"--shapes {shapes}: use largest or all")
     plan = ShardingPlan.from_config(cfg.mesh, target.devices)
     processes = target.processes
-    shape = resolve_run(cfg, plan, processes=processes, device_bytes=target.memory_bytes)
+    shape = resolve_run(
+        cfg,
+        plan,
+        processes=processes,
+        source=data_source(cfg),
+        device_bytes=target.memory_bytes,
+    )
     cfg, memory = shape.cfg, shape.memory
     m, s, t = cfg.model, cfg.sampling, cfg.train
 

@@ -27,14 +27,14 @@ from sagc_jax.planning.choices import check_names
 from sagc_jax.planning.memory import GIB, MemoryModel, MemoryPlan
 from sagc_jax.planning.timing import controller_for_run
 from sagc_jax.programs.packing import resolve_pack_len, row_multiple
-from sagc_jax.programs.policy import architecture
+from sagc_jax.programs.policy import architecture, source_tokenizer
 from sagc_jax.programs.shapes import (
     check_batch_shapes,
     decode_rows,
     rollout_shapes,
     tail_rollout_shapes,
 )
-from sagc_jax.tasks.source import with_resolved_buckets
+from sagc_jax.tasks.source import make_source, with_resolved_buckets
 
 # The keys that shrink each item of plan's estimate, for the memory check's advice.
 _LEVERS = {
@@ -134,8 +134,8 @@ def resolve_run(
 ) -> RunShape:
     """The run of ``cfg`` on the mesh of ``plan`` split over ``processes``, resolved once.
 
-    ``source``: the run's prompt source (``tasks.source.make_source``), read for
-    ``sampling.prompt_buckets: auto`` (built here when it is needed and not given);
+    ``source``: the run's prompt source (``tasks.source.make_source``; `data_source` for a
+    command without one), read for ``sampling.prompt_buckets: auto`` (needed then);
     ``device_bytes``: one device's memory, for ``sampling.slots: auto`` (without it ``auto``
     counts every rollout, the upper bound) and the memory check; ``memory_check``: what
     ``device_bytes`` are (e.g. "host memory"), to refuse a run whose largest G does not fit
@@ -146,7 +146,12 @@ def resolve_run(
     say = report or (lambda line: None)
     check_names(cfg)
     if cfg.sampling.prompt_buckets == "auto":
-        cfg = _with_data_buckets(cfg, source)
+        if source is None:
+            raise ConfigError(
+                "sampling.prompt_buckets = auto: resolve_run reads them from the run's prompt "
+                "source (planning.resolve.data_source); none was given"
+            )
+        cfg = with_resolved_buckets(cfg, source)
     arch, arch_source = architecture(cfg)  # the model's shapes, read once
     controller = controller_for_run(cfg, arch)
     refused = ""
@@ -173,16 +178,13 @@ def resolve_run(
     return shape
 
 
-def _with_data_buckets(cfg: Config, source) -> Config:
-    """``cfg`` with ``sampling.prompt_buckets`` the data's (``auto``), from ``source`` or one
-    built for it."""
-    if source is None:
-        from sagc_jax.programs.policy import source_tokenizer
-        from sagc_jax.tasks.source import make_source
-
-        tokenizer = source_tokenizer(cfg)  # None: the source has its own
-        source = make_source(cfg, tokenizer)
-    return with_resolved_buckets(cfg, source)
+def data_source(cfg: Config):
+    """The prompt source ``resolve_run`` reads for ``sampling.prompt_buckets: auto``, for a
+    command that has none of its own (``plan``, ``plan --compile``); None when the buckets are
+    given."""
+    if cfg.sampling.prompt_buckets != "auto":
+        return None
+    return make_source(cfg, source_tokenizer(cfg))  # tokenizer None: the source has its own
 
 
 def device_memory() -> tuple[int, str]:
