@@ -60,12 +60,17 @@ def build_tokenizer(cfg: Config):
 def build_model(m: ModelConfig, tokenizer, seed: int) -> Decoder:
     """A fresh model of the ``model`` section: HF weights when model.hf_checkpoint is set, else
     a random preset."""
-    if m.hf_checkpoint:
-        settings = run_settings(m)
-        dtype = settings.pop("param_dtype")
-        model, _ = load_hf_checkpoint(m.hf_checkpoint, dtype=dtype, **settings)
-        return model
-    return Decoder(preset_architecture(m, tokenizer), rngs=nnx.Rngs(seed))
+    if not m.hf_checkpoint:
+        return Decoder(preset_architecture(m, tokenizer), rngs=nnx.Rngs(seed))
+    return _checkpoint_model(m)
+
+
+def _checkpoint_model(m: ModelConfig) -> Decoder:
+    """The model of ``model.hf_checkpoint``, read with the section's run settings."""
+    settings = run_settings(m)
+    dtype = settings.pop("param_dtype")
+    model, _ = load_hf_checkpoint(m.hf_checkpoint, dtype=dtype, **settings)
+    return model
 
 
 def build_sharded_policy(m: ModelConfig, tokenizer, seed: int, plan: ShardingPlan) -> Policy:
@@ -75,24 +80,24 @@ def build_sharded_policy(m: ModelConfig, tokenizer, seed: int, plan: ShardingPla
     device ever holds the whole model; HF weights are read (onto the first device), copied to
     the host once, and each device takes its piece from there.
     """
-    if m.hf_checkpoint:
-        model = build_model(m, tokenizer, seed)
-        graphdef, params = nnx.split(model)
-        shardings = plan.params(params)
+    if not m.hf_checkpoint:
+        arch = preset_architecture(m, tokenizer)
 
-        def place(x, sharding):  # every device takes its own piece of one host copy
-            host = np.asarray(x)
-            return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+        def init():
+            return nnx.split(Decoder(arch, rngs=nnx.Rngs(seed)))[1]
 
-        return Policy(graphdef, jax.tree.map(place, params, shardings), model.config, shardings)
-    arch = preset_architecture(m, tokenizer)
+        graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Decoder(arch, rngs=nnx.Rngs(seed))))
+        shardings = plan.params(abstract)
+        return Policy(graphdef, jax.jit(init, out_shardings=shardings)(), arch, shardings)
+    model = _checkpoint_model(m)
+    graphdef, params = nnx.split(model)
+    shardings = plan.params(params)
 
-    def init():
-        return nnx.split(Decoder(arch, rngs=nnx.Rngs(seed)))[1]
+    def place(x, sharding):  # every device takes its own piece of one host copy
+        host = np.asarray(x)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
-    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Decoder(arch, rngs=nnx.Rngs(seed))))
-    shardings = plan.params(abstract)
-    return Policy(graphdef, jax.jit(init, out_shardings=shardings)(), arch, shardings)
+    return Policy(graphdef, jax.tree.map(place, params, shardings), model.config, shardings)
 
 
 def adapted_architecture(m: ModelConfig, base_arch: DecoderConfig) -> DecoderConfig:

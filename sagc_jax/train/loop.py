@@ -95,9 +95,9 @@ class Trainer:
         self.compile_clock = CompileClock()  # each metrics line: the seconds compiling before it
         trim_after_compiles()
         data_id = self._resolve(cfg)
-        base_id = self._build_policy_and_programs(self.cfg)
+        self._build_policy_and_programs(self.cfg)
         self._build_samplers(self.cfg)
-        self._resume(self.cfg, data_id, base_id)
+        self._resume(self.cfg, data_id)
         self._open_logs(self.cfg, log)
 
     def _resolve(self, cfg: Config) -> dict:
@@ -128,15 +128,13 @@ class Trainer:
             self.tail = TailBatcher(cfg.tail_batching, jax.process_count())
         return data_id
 
-    def _build_policy_and_programs(self, cfg: Config) -> dict | None:
+    def _build_policy_and_programs(self, cfg: Config) -> None:
         """The policy (warm-started from ``train.init_checkpoint`` if set), the run's state and
-        programs, the free-space check and the update batcher; returns the LoRA base's identity
-        that checkpoints record (None without LoRA)."""
+        programs, the free-space check and the update batcher."""
         policy = build_sharded_policy(cfg.model, self.tokenizer, cfg.train.seed, self.plan)
         if cfg.train.init_checkpoint:
             params = load_run_params(cfg.train.init_checkpoint, policy.params)
             policy = policy._replace(params=params)
-        base_id = base_identity(cfg) if cfg.model.lora_rank else None  # checkpoints record it
         self.model_config = policy.arch
         self.programs, self.state = build_run(cfg, self.plan, policy)
         check_free_space(self.run_dir, (self.state.params, self.state.opt_state))
@@ -147,7 +145,6 @@ class Trainer:
                 "loss.kl_beta > 0: every rollout is trained, those of advantage 0 too (the KL "
                 "term gives them a gradient; train.drop_no_signal applies without it)"
             )
-        return base_id
 
     def _build_samplers(self, cfg: Config) -> None:
         """Two samplers, so that compiles/sampler counts the rollout programs only; held-out
@@ -168,9 +165,11 @@ class Trainer:
             for rows in (self.shape.slots, self.shape.eval_slots)
         )
 
-    def _resume(self, cfg: Config, data_id: dict, base_id: dict | None) -> None:
-        """The run's checkpoints, and the newest one's step, state and controller if there is
-        one (else step 0)."""
+    def _resume(self, cfg: Config, data_id: dict) -> None:
+        """The run's checkpoints (recording ``data_id``, the data files as read, and with LoRA
+        the identity of the weights under the adapters), and the newest one's step, state and
+        controller if there is one (else step 0)."""
+        base_id = base_identity(cfg) if cfg.model.lora_rank else None
         self.root_key = jax.random.key(cfg.train.seed)
         self.step = 0
         self.run_state = RunState(
