@@ -38,11 +38,15 @@ budget allows (docs/controller.md, "The value-aware controller"):
   would miss the rare step whose straggler only the larger rung drew. A rung not timed by a
   step keeps what it learned. A rung above the played one is timed on the step's lengths
   repeated to ``G'`` per group (a lower bound: the same longest completion, more rows, the same
-  groups with signal); that bound counts as one pseudo-step in its ratio, so a rung never played
-  looks cheap and is tried when the budget allows it.
+  groups with signal); a rung never timed is priced by that bound alone, so it looks cheap and
+  is tried when the budget allows it, and a rung timed once by its ratio of sums alone (a low
+  bound kept beside the measurements made a larger rung look cheaper than it is for good).
 - **Decision**: ``k* = argmax_{k <= ceiling} v_k / seconds_k``; it is played when it beats the
-  ceiling's signal per second by more than ``min_gain`` (relative), otherwise the ceiling.
-  Before any reward is seen, or when no observation carries rewards, it is SAGC+ exactly.
+  signal per second of the rung played last (or of the ceiling, when the budget no longer
+  allows that rung) by more than ``min_gain`` (relative), otherwise that rung is played again:
+  ``min_gain`` is a hysteresis against the noise of the estimates, with no preference for the
+  larger G. Before any reward is seen, or when no observation carries rewards, it is SAGC+
+  exactly.
 
 Deterministic (no random generator); ``state_dict()`` holds SAGC+'s state and the signal
 counts, the success moments and the step-time sums. ``step_seconds`` is configuration,
@@ -165,8 +169,11 @@ class SAGCValueController(SAGCPlusController):
         """Estimated modeled seconds of a step at each rung (0 before any step); ``[K]``."""
         if self.below_sum[0] <= 0.0:
             return np.zeros(len(self.candidates))
-        ratio = (self.seconds_sum + self.last_seconds) / (
-            self.below_sum + _below(self.last_seconds)
+        timed = self.below_sum > 0.0  # a rung never timed: the last step's bound alone
+        ratio = np.where(
+            timed,
+            self.seconds_sum / np.where(timed, self.below_sum, 1.0),
+            self.last_seconds / _below(self.last_seconds),
         )
         return np.cumprod(ratio)
 
@@ -184,10 +191,11 @@ class SAGCValueController(SAGCPlusController):
         if self.step == 0 or self.success[0] <= 0.0:
             return self.candidates[ceiling]  # no signal seen yet: SAGC+
         rate_k = self.signal_per_second()[: ceiling + 1].tolist()
+        current = min(self.rung, ceiling)  # the rung played last, if the budget still allows it
         best = max(range(ceiling + 1), key=lambda k: (rate_k[k], k))
-        if rate_k[best] > (1.0 + self.value.min_gain) * rate_k[ceiling]:
+        if rate_k[best] > (1.0 + self.value.min_gain) * rate_k[current]:
             return self.candidates[best]
-        return self.candidates[ceiling]
+        return self.candidates[current]
 
     # ------------------------------------------------------------------ observation
 

@@ -140,7 +140,8 @@ def test_moves_up_as_rewards_turn_sparse_and_down_as_they_turn_dense():
         return bernoulli_rewards(rng, shape, 0.5 if t < 40 else 0.03)
 
     gs, _ = drive(value(), calm_world(steps=100), drifting, 100, np.random.default_rng(2))
-    assert np.mean(gs[10:40] == 4) >= 0.9 and np.mean(gs[60:] == 16) >= 0.9
+    # a rung up must beat the one played by min_gain: the climb takes about 30 steps
+    assert np.mean(gs[10:40] == 4) >= 0.9 and np.mean(gs[70:] == 16) >= 0.9
 
 
 def test_mixed_prompts_unsolvable_ones_add_nothing():
@@ -179,9 +180,10 @@ def test_without_rewards_it_is_sagc_plus():
     assert len(set(gs.tolist())) > 1  # SAGC+ moves, so the check can fail
 
 
-def test_told_its_signal_per_second_is_flat_it_is_sagc_plus():
+def test_told_its_signal_per_second_is_flat_it_stays_unless_the_budget_moves_it():
     """Every group has signal, and a step's cost is its signal (1 - 1/G): signal per second
-    is the same at every rung, so nothing separates them and SAGC+'s choice stands."""
+    is the same at every rung, so nothing beats the rung played by min_gain: G stays where it
+    is, and goes down only when SAGC+'s choice (the ceiling) does."""
 
     def alternating(t, shape, rng):
         return np.tile([1.0, 0.0], (shape[0], shape[1] // 2))
@@ -189,17 +191,19 @@ def test_told_its_signal_per_second_is_flat_it_is_sagc_plus():
     def flat(lengths_pg, signal_p):
         return 1.0 - 1.0 / lengths_pg.shape[1]
 
-    world = straggle_world()
-    plus_gs, _ = drive(
-        SAGCPlusController(ControllerConfig(delta=0.2)),
-        world,
-        lambda *a: None,
-        80,
-        np.random.default_rng(6),
-    )
-    gs, _ = drive(value(step_seconds=flat), world, alternating, 80, np.random.default_rng(6))
-    np.testing.assert_array_equal(gs, plus_gs)
-    assert len(set(gs.tolist())) > 1
+    world, rng, c = straggle_world(), np.random.default_rng(6), value(step_seconds=flat)
+    gs, ceilings = [], []
+    for t in range(80):
+        g = c.propose()
+        lengths = world.lengths(t, g)
+        rewards = alternating(t, lengths.shape, rng)
+        m = c.observe(StepObservation.of_groups(lengths, rewards_pg=rewards))
+        gs.append(g)
+        ceilings.append(m["ceiling_group_size"])
+    assert gs[0] == ceilings[0] == 8  # g_init
+    for t in range(1, 80):
+        assert gs[t] == min(gs[t - 1], ceilings[t])
+    assert len(set(ceilings)) > 1 and len(set(gs)) > 1  # SAGC+ moves, so the check can fail
 
 
 def test_each_rung_is_timed_with_its_own_groups_with_signal():
@@ -255,8 +259,7 @@ def test_groups_without_signal_make_a_larger_rung_cheap_when_the_update_skips_th
 def test_step_times_are_learned_as_a_ratio_of_expected_seconds():
     """Synchronous cost (rows x the step's longest), G = 8 played: in one step of two a
     straggler falls in the second chunk of 4 only. Per step the G = 8 / G = 4 ratio is 2 or
-    3.6 (mean 2.8); the controller learns the ratio of the sums, of expected seconds (3.4 here,
-    the last step counted once more as its pseudo-step)."""
+    3.6 (mean 2.8); the controller learns the ratio of the sums, of expected seconds (3.4)."""
 
     def synchronous(lengths_pg, signal_p):
         return float(lengths_pg.size * lengths_pg.max())
@@ -268,10 +271,10 @@ def test_step_times_are_learned_as_a_ratio_of_expected_seconds():
         c._learn_seconds(lengths, None)  # what observe() does with a step played at G = 8
     t4 = [16 * 10, (16 * 10 + 16 * 100) / 2]  # G = 4: the mean of the step's two chunks
     t8 = [32 * 10, 32 * 100]
-    expected = (3 * sum(t8) + t8[1]) / (3 * sum(t4) + t4[1])
+    expected = sum(t8) / sum(t4)
     assert c.seconds()[1] / c.seconds()[0] == pytest.approx(expected, rel=1e-12)
     per_step = np.mean([t8[0] / t4[0], t8[1] / t4[1]])
-    assert expected == pytest.approx(3.44) and per_step == pytest.approx(2.82, abs=0.01)
+    assert expected == pytest.approx(3.38, abs=0.01) and per_step == pytest.approx(2.82, abs=0.01)
 
 
 def test_a_state_saved_with_log_ratios_restores_all_but_the_step_times():
