@@ -334,8 +334,8 @@ class SAGCValueConfig(Section):
     min_gain: float = option(
         0.05,
         ge=0.0,
-        help="a rung below SAGC+'s is played only if its signal per second beats SAGC+'s rung's "
-        "by this relative margin",
+        help="G leaves the rung played last (or SAGC+'s limit, when that rung is above it) only "
+        "for a rung whose signal per second is higher by this relative margin",
     )
     success_threshold: float = option(
         0.5, help="a rollout counts as a success in the success model when its reward exceeds this"
