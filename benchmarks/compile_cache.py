@@ -9,7 +9,7 @@ loading), and the run's wall time. Prints one line: both runs and the warm/cold 
 
     python benchmarks/compile_cache.py --config configs/real/smollm2-study.yaml \\
         --set model.hf_checkpoint=$HOME/.cache/sagc-jax/models/SmolLM2-135M-Instruct \\
-        [--steps 3] [--group-size 4] [--compile-ahead]
+        [--steps 3] [--group-size 4] [--compile-ahead true|false]
 """
 
 from __future__ import annotations
@@ -39,8 +39,7 @@ def timed_run(args, run_dir: Path, cache: Path) -> dict:
         "controller.kind=fixed",
         "--set",
         f"controller.group_size={args.group_size}",
-        "--set",
-        f"train.compile_ahead={str(args.compile_ahead).lower()}",
+        *(["--set", f"train.compile_ahead={args.compile_ahead}"] if args.compile_ahead else []),
         "--set",
         f"train.compilation_cache_dir={cache}",
         "--set",
@@ -74,7 +73,9 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], help="a config override (repeatable)")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--group-size", type=int, default=4)
-    p.add_argument("--compile-ahead", action="store_true")
+    p.add_argument(
+        "--compile-ahead", choices=("true", "false"), help="default: the config's train.compile_ahead"
+    )
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp) / "xla"
@@ -83,7 +84,7 @@ def main() -> None:
     fmt = "first step at {first_step_s:.0f} s, compiling {compile_s:.0f} s, run {wall_s:.0f} s"
     print(
         f"compile_cache: {args.config}, G = {args.group_size}, {args.steps} steps, compile_ahead "
-        f"{args.compile_ahead} | cold: {fmt.format(**cold)} | warm: {fmt.format(**warm)} | "
+        f"{args.compile_ahead or 'as configured'} | cold: {fmt.format(**cold)} | warm: {fmt.format(**warm)} | "
         f"warm/cold: first step {warm['first_step_s'] / cold['first_step_s']:.2f}x, compiling "
         f"{warm['compile_s'] / max(cold['compile_s'], 1e-9):.2f}x, run "
         f"{warm['wall_s'] / cold['wall_s']:.2f}x"
