@@ -74,7 +74,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument(
-        "--compile-ahead", choices=("true", "false"), help="default: the config's train.compile_ahead"
+        "--compile-ahead",
+        choices=("true", "false"),
+        help="default: the config's train.compile_ahead",
     )
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -84,7 +86,8 @@ def main() -> None:
     fmt = "first step at {first_step_s:.0f} s, compiling {compile_s:.0f} s, run {wall_s:.0f} s"
     print(
         f"compile_cache: {args.config}, G = {args.group_size}, {args.steps} steps, compile_ahead "
-        f"{args.compile_ahead or 'as configured'} | cold: {fmt.format(**cold)} | warm: {fmt.format(**warm)} | "
+        f"{args.compile_ahead or 'as configured'} | cold: {fmt.format(**cold)} | "
+        f"warm: {fmt.format(**warm)} | "
         f"warm/cold: first step {warm['first_step_s'] / cold['first_step_s']:.2f}x, compiling "
         f"{warm['compile_s'] / max(cold['compile_s'], 1e-9):.2f}x, run "
         f"{warm['wall_s'] / cold['wall_s']:.2f}x"
