@@ -6,12 +6,14 @@ Each run trains ``--steps`` steps from the demo's random start (no warm start: m
 completions ramble to the length limit, the longest texts there are), every step running its
 update (``train.skip_no_signal=false``: the random policy's rewards are all 0, the warm-started
 demo's are not); its step time is the median of ``time/step_s`` over the steps that compiled
-nothing. Two costs are timed where they are paid: the hook on the step's thread (it hands the
+nothing. The two settings generate the same rollouts (same seeds), so step k of one pairs with
+step k of the other: the median of the paired ratios is printed beside the ratio of medians. Two
+costs are timed where they are paid: the hook on the step's thread (it hands the
 step over) and the writer on its background thread (the rows, JSON, the file, the TensorBoard
 table), per logged step.
 
     python benchmarks/completions_overhead.py [--config configs/demo.yaml] [--steps 12]
-        [--repeats 2]
+        [--repeats 2] [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ def timed(name: str) -> list[float]:
     return seconds
 
 
-def step_times(config: str, overrides: list[str], run_dir: Path) -> list[float]:
-    """``time/step_s`` of the steps of a run that compiled no program."""
+def step_times(config: str, overrides: list[str], run_dir: Path) -> dict[int, float]:
+    """``time/step_s`` by step, of the steps of a run that compiled no program."""
     trainer = Trainer(load_config(config, overrides), run_dir)
     trainer.run(progress=False)
     trainer.close()
@@ -53,7 +55,7 @@ def step_times(config: str, overrides: list[str], run_dir: Path) -> list[float]:
     steps = [r for r in lines if "group_size" in r]
     compiles = [(r["compiles/sampler"], r["compiles/update"]) for r in steps]
     pairs = zip(steps[1:], compiles[1:], compiles[:-1], strict=True)
-    return [r["time/step_s"] for r, now, before in pairs if now == before]
+    return {r["step"]: r["time/step_s"] for r, now, before in pairs if now == before}
 
 
 def main() -> None:
@@ -61,6 +63,9 @@ def main() -> None:
     parser.add_argument("--config", default="configs/demo.yaml")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=2, help="runs of each, alternating")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides, last"
+    )
     args = parser.parse_args()
     common = [
         f"train.steps={args.steps}",
@@ -73,15 +78,18 @@ def main() -> None:
     hooks, writes = timed("__call__"), timed("_write")
     times: dict[int, list[float]] = {0: [], 1: []}
     medians: dict[int, list[str]] = {0: [], 1: []}
+    paired: list[float] = []  # step k with completions over step k without, same repeat
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             order = (0, 1) if repeat % 2 == 0 else (1, 0)
+            runs = {}
             for every in order:
                 run_dir = Path(tmp) / f"every{every}-{repeat}"
-                overrides = [*common, f"logging.completions_every={every}"]
-                run = step_times(args.config, overrides, run_dir)
-                times[every] += run
-                medians[every].append(f"{np.median(run):.3f}")
+                overrides = [*common, f"logging.completions_every={every}", *args.set]
+                runs[every] = run = step_times(args.config, overrides, run_dir)
+                times[every] += run.values()
+                medians[every].append(f"{np.median(list(run.values())):.3f}")
+            paired += [runs[1][k] / runs[0][k] for k in runs[1].keys() & runs[0].keys()]
             files = list((Path(tmp) / f"every1-{repeat}" / "completions").iterdir())
             assert len(files) == args.steps, files  # every step wrote its file
     off, on = (float(np.median(times[e])) for e in (0, 1))
@@ -89,7 +97,8 @@ def main() -> None:
     print(
         f"completions overhead ({args.config}, {args.steps} steps x {args.repeats} runs each, "
         f"every step, every group; load {load:.1f}): step {on:.3f} s on, {off:.3f} s off, "
-        f"ratio {on / off:.3f} (the runs' medians: on {' '.join(medians[1])}, off "
+        f"ratio {on / off:.3f}, paired by step {np.median(paired):.3f} over {len(paired)} steps "
+        f"(the runs' medians: on {' '.join(medians[1])}, off "
         f"{' '.join(medians[0])}); per logged step, the hook {1e6 * np.median(hooks):.0f} us on "
         f"the step's thread, the writer {1e3 * np.median(writes):.1f} ms on its own"
     )
