@@ -141,7 +141,7 @@ def compare(
             start_eval = {k: v for k, v in evals[0].items() if k.startswith("eval/")}
             start_eval.setdefault("eval_from", name)
     first = names[0][:2]
-    with _timing_config(cfg, made.get(first), resolved_cfgs.get(first)) as timed_cfg:
+    with timing_config(cfg, made.get(first), resolved_cfgs.get(first)) as timed_cfg:
         result = _study(per_run, controllers, seeds, timed_cfg, also_hardware)
         c = cfg.controller
         plot_study(
@@ -203,7 +203,7 @@ def weights_identity(cfg: Config) -> dict:
 
 
 @contextlib.contextmanager
-def _timing_config(cfg: Config, record: dict | None, resolved: Config | None) -> Iterator[Config]:
+def timing_config(cfg: Config, record: dict | None, resolved: Config | None) -> Iterator[Config]:
     """The config the study's step-time model reads: the first run's as resolved ("auto" made
     concrete: ``resolved``, or its ``record``'s), with the study's own ``sim`` section. From a
     record on a machine without the HF model, the model's config.json comes from the record

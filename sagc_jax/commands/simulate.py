@@ -1,5 +1,7 @@
 """``sagc-jax simulate`` and ``sagc-jax replay``: the controllers of sim.controllers compared on
-a synthetic rollout-length workload, or on the lengths a real run logged (``sagc_jax.sim``)."""
+a synthetic rollout-length workload, or on the lengths a real run logged (``sagc_jax.sim``); and
+``replay --records``: the adaptive controllers under the paper's straggle test and the
+cost-aware ones, over a study's recorded traces (``analysis.straggle_replay``)."""
 
 from __future__ import annotations
 
@@ -41,10 +43,23 @@ def add_parser(subparsers) -> None:
         "replay",
         help="compare controllers on lengths logged by a real run (JSONL)",
         description="Like simulate, but the lengths come from a JSONL log with one object per "
-        "step holding 'lengths': [[int, ...], ...] (one list per group).",
+        "step holding 'lengths': [[int, ...], ...] (one list per group; optional 'rewards' "
+        "shaped alike, 'prompt_ids', 'prompt_tokens'). With --records instead: the traces of "
+        "a study's widest fixed arm (`compare --records`), replayed by SAGC, SAGC+ and "
+        "sagc_value under the paper's straggle test and the two cost-aware tests "
+        "(docs/experiments/real-straggler.md); no config needed, the records hold it.",
     )
     add_config_args(p)
-    p.add_argument("--log", type=Path, required=True, help="JSONL file of per-step lengths")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--log", type=Path, help="JSONL file of per-step lengths")
+    source.add_argument(
+        "--records", type=Path, metavar="DIR", help="a study's folder of run records"
+    )
+    p.add_argument(
+        "--arm",
+        metavar="SPEC",
+        help="with --records: the arm whose traces are replayed (default: the widest fixed G)",
+    )
     add_timing_args(p)
     p.set_defaults(func=cmd_replay)
 
@@ -68,6 +83,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     from sagc_jax.sim import ReplayWorkload
 
+    if args.records is not None:
+        return _replay_records(args)
+    if args.arm is not None:
+        raise UserError("--arm reads --records; a --log is one run's trace")
+
     def workload(cfg: Config):
         try:
             return ReplayWorkload(
@@ -77,6 +97,23 @@ def cmd_replay(args: argparse.Namespace) -> int:
             raise UserError(str(err)) from None
 
     _compare_and_report(args, workload, "replay")
+    return 0
+
+
+def _replay_records(args: argparse.Namespace) -> int:
+    """``replay --records``: the straggle tests over a study's traces (the records' config)."""
+    from sagc_jax.analysis.records import RecordError
+    from sagc_jax.analysis.straggle_replay import format_replay, replay_study
+
+    if args.config is not None or args.overrides:
+        raise UserError("--records replays under the records' own config; drop --config/--set")
+    try:
+        flags = (("hardware", args.hardware), ("devices", args.devices), ("model", args.as_model))
+        sim = {key: value for key, value in flags if value is not None}
+        result = replay_study(args.records, args.arm, sim)
+    except RecordError as err:
+        raise UserError(str(err)) from None
+    print(format_replay(result))
     return 0
 
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from sagc_jax.controller.observation import (
     CENSORED_KEYS,
+    StraggleTest,
     censored_observation,
     group_ratios,
     observation_from_ratios,
@@ -55,6 +56,8 @@ class GroupController(abc.ABC):
         self.straggler_sum = 0.0  # running sum of s_t
         self.group_size_sum = 0  # running sum of G_t
         self.steps_per_candidate = np.zeros(len(self.candidates), dtype=np.int64)
+        # None: the paper's relative test (tau, scope); another test judges whole steps only
+        self.straggle_test: StraggleTest | None = None
 
     # ------------------------------------------------------------------ decisions
 
@@ -103,9 +106,17 @@ class GroupController(abc.ABC):
             self._learn_rewards(obs.rewards_pg, finished)
         if finished is None:
             ratios_p = group_ratios(arr)
-            s_t = observation_from_ratios(arr, ratios_p, self.tau, self.scope)
+            if self.straggle_test is None:
+                s_t = observation_from_ratios(arr, ratios_p, self.tau, self.scope)
+            else:
+                s_t = self.straggle_test.observation(arr, self.tau, self.scope)
             counts = {} if obs.finished_b is None else dict.fromkeys(CENSORED_KEYS, 0)
             extra = self._learn(g, s_t, arr)
+        elif self.straggle_test is not None:
+            raise ValueError(
+                f"straggle test {self.straggle_test.name!r} judges whole steps; a step cut by "
+                "tail batching is read by the paper's test only"
+            )
         else:
             s_t, ratios_p, counts = censored_observation(arr, finished, self.tau, self.scope)
             extra = self._learn(g, s_t, arr, finished)

@@ -13,6 +13,9 @@ with its estimated probability of straggling.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 import numpy as np
 
 SCOPES = ("group", "batch")
@@ -121,6 +124,52 @@ def observation_from_ratios(
     if scope == "batch":
         return float(group_ratios(lengths_pg.reshape(1, -1))[0] > tau)
     raise ValueError(f"scope = {scope!r} is not allowed; choose one of {list(SCOPES)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class StraggleTest:
+    """Which groups of a whole step straggle, where the paper's relative test (a group whose
+    longest rollout exceeds ``tau`` times its median, ``max / max(1, median) > tau``) is one
+    choice of several; the defaults are that test.
+
+    ``median_floor``: the ratio reads the median as at least this many tokens (the paper: 1),
+    so that a short answer among shorter ones is no straggler. ``min_cost``: a group whose
+    ratio exceeds ``tau`` straggles only when its tail costs at least this share of the step's
+    modeled seconds: ``step_seconds`` (lengths ``[P, G]`` -> seconds) of the step against the
+    same step with that group's rollouts cut at ``tau`` times its median (0: any tail).
+    """
+
+    name: str = "relative"
+    median_floor: float = 1.0
+    min_cost: float = 0.0
+    step_seconds: Callable[[np.ndarray], float] | None = None
+
+    def __post_init__(self):
+        if self.min_cost > 0 and self.step_seconds is None:
+            raise ValueError(f"straggle test {self.name!r}: min_cost > 0 needs step_seconds")
+
+    def straggling(self, lengths_pg: np.ndarray, tau: float) -> np.ndarray:
+        """bool ``[num_groups]``: the groups of ``lengths_pg`` (int ``[P, G]``) that straggle."""
+        sorted_pg = np.sort(lengths_pg, axis=1)
+        g = sorted_pg.shape[1]
+        med_p = np.maximum(
+            self.median_floor, 0.5 * (sorted_pg[:, (g - 1) // 2] + sorted_pg[:, g // 2])
+        )
+        out = sorted_pg[:, -1] / med_p > tau
+        if self.min_cost > 0 and out.any():
+            whole = self.step_seconds(lengths_pg)
+            for p in np.flatnonzero(out):
+                cut = lengths_pg.copy()
+                cut[p] = np.minimum(cut[p], np.ceil(tau * med_p[p]))
+                out[p] = whole - self.step_seconds(cut) >= self.min_cost * whole
+        return out
+
+    def observation(self, lengths_pg: np.ndarray, tau: float, scope: str) -> float:
+        """``s_t`` by this test: the share of straggling groups (scope ``group`` only: the
+        cost of one group's tail is what cutting it saves the step)."""
+        if scope != "group":
+            raise ValueError(f"straggle test {self.name!r} reads scope 'group', not {scope!r}")
+        return float(np.count_nonzero(self.straggling(lengths_pg, tau))) / lengths_pg.shape[0]
 
 
 def straggler_observation(lengths_pg, tau: float, scope: str = "group") -> float:

@@ -167,6 +167,11 @@ class SAGCPlusController(GroupController):
                 shape = (num_groups, chunks, g_k)
                 sub = lengths_pg[:, : chunks * g_k].reshape(shape)
                 sub = sub.transpose(1, 0, 2).reshape(chunks, num_groups * g_k)
+            if finished_pg is None and self.straggle_test is not None:  # scope group
+                chunk_c = np.split(lengths_pg[:, : chunks * g_k], chunks, axis=1)
+                judged = [self.straggle_test.straggling(c, self.tau).sum() for c in chunk_c]
+                straggled[k] = sum(judged) / chunks  # each chunk read as a step at G_k
+                continue
             if finished_pg is None:
                 straggled[k] = np.count_nonzero(group_ratios(sub) > self.tau) / chunks
                 continue

@@ -189,29 +189,50 @@ class ReplayWorkload:
     A step is a line with ``"lengths"``: a list of groups, each a non-empty list of integer
     response lengths (groups of one size, or of mixed sizes as the hybrid ``per_prompt`` mode
     logs them); lines without it (evaluations) are skipped. Optional: ``"prompt_tokens"`` (int,
-    prompt length per sequence); other keys are ignored. A controller asking for G gets the first
-    G completions of every group; a group with fewer is filled by resampling its own logged
-    lengths with replacement (seeded), and the step is counted in ``bootstrapped_steps``.
+    prompt length per sequence), ``"rewards"`` (the rollouts' raw rewards, shaped as
+    ``"lengths"``: a reward-aware controller learns from them when every step has them) and
+    ``"prompt_ids"`` (one per group: a prompt-aware controller sees the prompts again as they
+    came back); other keys are ignored. A controller asking for G gets the first G completions
+    of every group; a group with fewer is filled by resampling its own logged completions with
+    replacement (seeded; a length and its reward together), and the step is counted in
+    ``bootstrapped_steps``.
     """
 
     def __init__(self, path: str | Path, seed: int = 0, default_prompt_tokens: int = 0) -> None:
         self.path = Path(path)
-        self.seed = seed
-        self.records: list[np.ndarray] = []  # int64 [P, widest group], padded with -1
-        self.group_sizes: list[np.ndarray] = []  # int64 [P]
-        self.prompt_tokens_per_step: list[int] = []
         try:
             text = self.path.read_text()
         except OSError as err:
             raise ValueError(f"{self.path}: cannot read the replay log ({err.strerror})") from None
+        lines = []
         for lineno, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
-            where = f"{self.path}:{lineno}"
             try:
-                record = json.loads(line)
+                lines.append((f"{self.path}:{lineno}", json.loads(line)))
             except json.JSONDecodeError as err:
-                raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
+                raise ValueError(f"{self.path}:{lineno}: not valid JSON ({err.msg})") from None
+        self._read(lines, seed, default_prompt_tokens)
+
+    @classmethod
+    def of_lines(
+        cls, lines: list[dict], where: str, seed: int = 0, default_prompt_tokens: int = 0
+    ) -> ReplayWorkload:
+        """The workload of metrics lines already read (a study record's ``steps``); ``where``
+        names their origin in errors (``where[i]``: the i-th line)."""
+        self = cls.__new__(cls)
+        self.path = Path(where)
+        self._read([(f"{where}[{i}]", r) for i, r in enumerate(lines)], seed, default_prompt_tokens)
+        return self
+
+    def _read(self, lines: list[tuple[str, object]], seed: int, default_prompt_tokens: int) -> None:
+        self.seed = seed
+        self.records: list[np.ndarray] = []  # int64 [P, widest group], padded with -1
+        self.rewards_logged: list[np.ndarray | None] = []  # float64, shaped as records
+        self.ids_logged: list[np.ndarray | None] = []  # int64 [P]
+        self.group_sizes: list[np.ndarray] = []  # int64 [P]
+        self.prompt_tokens_per_step: list[int] = []
+        for where, record in lines:
             if not isinstance(record, dict):
                 raise ValueError(f"{where}: expected a JSON object per line")
             groups = record.get("lengths")
@@ -226,34 +247,80 @@ class ReplayWorkload:
             prompt_tokens = record.get("prompt_tokens", default_prompt_tokens)
             if not isinstance(prompt_tokens, int) or prompt_tokens < 0:
                 raise ValueError(f"{where}: 'prompt_tokens' must be an integer >= 0")
+            self.rewards_logged.append(_logged_rewards(record.get("rewards"), groups, where))
+            ids = record.get("prompt_ids")
+            if ids is not None and (
+                not isinstance(ids, list)
+                or len(ids) != len(groups)
+                or not all(isinstance(i, int) for i in ids)
+            ):
+                raise ValueError(f"{where}: 'prompt_ids' must be one integer per group")
+            self.ids_logged.append(None if ids is None else np.asarray(ids, np.int64))
             self.records.append(padded)
             self.group_sizes.append(np.array([len(g) for g in groups], np.int64))
             self.prompt_tokens_per_step.append(prompt_tokens)
         if not self.records:
             raise ValueError(f"{self.path}: the replay log has no line with 'lengths'")
         self.num_steps = len(self.records)
+        self.has_rewards = all(r is not None for r in self.rewards_logged)
+        self.has_prompt_ids = all(i is not None for i in self.ids_logged)
 
     def prompts(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(prompt_ids, prompt_tokens)``: the log has no ids, so every group is a new prompt."""
+        """``(prompt_ids, prompt_tokens)``: the logged ids, or (a log without them) every group a
+        new prompt."""
         num = self.records[step].shape[0]
-        start = sum(r.shape[0] for r in self.records[:step])
-        ids = start + np.arange(num, dtype=np.int64)
+        if self.has_prompt_ids:
+            ids = self.ids_logged[step].copy()
+        else:
+            start = sum(r.shape[0] for r in self.records[:step])
+            ids = start + np.arange(num, dtype=np.int64)
         return ids, np.full(num, self.prompt_tokens_per_step[step], dtype=np.int64)
 
-    def lengths(self, step: int, group_size: int) -> np.ndarray:
-        logged, sizes = self.records[step], self.group_sizes[step]
+    def _columns(self, step: int, group_size: int) -> np.ndarray:
+        """int64 [P, group_size]: which logged completion of each group fills each column."""
+        sizes = self.group_sizes[step]
+        cols = np.arange(group_size)[None, :]
         if group_size <= sizes.min():
-            return logged[:, :group_size].copy()
+            return np.broadcast_to(cols, (len(sizes), group_size))
         # column c of group p: its own completion c while c < n_p, else resampled pick c - n_p
         rng = _rng(self.seed, step)
         picks = rng.integers(0, sizes[:, None], size=(len(sizes), group_size - sizes.min()))
-        cols = np.arange(group_size)[None, :]
         resampled = np.take_along_axis(picks, np.maximum(cols - sizes[:, None], 0), axis=1)
-        index = np.where(cols < sizes[:, None], cols, resampled)
-        return np.take_along_axis(logged, index, axis=1)
+        return np.where(cols < sizes[:, None], cols, resampled)
+
+    def lengths(self, step: int, group_size: int) -> np.ndarray:
+        return np.take_along_axis(self.records[step], self._columns(step, group_size), axis=1)
+
+    def rewards(self, step: int, group_size: int) -> np.ndarray | None:
+        """float64 [P, group_size], the rewards of the completions :meth:`lengths` gives; None
+        when a step of the log has no rewards."""
+        if not self.has_rewards:
+            return None
+        logged = self.rewards_logged[step]
+        return np.take_along_axis(logged, self._columns(step, group_size), axis=1)
 
     def is_bootstrapped(self, step: int, group_size: int) -> bool:
         return group_size > self.group_sizes[step].min()
+
+
+def _logged_rewards(rewards, groups: list, where: str) -> np.ndarray | None:
+    """float64 [P, widest group] of a line's ``rewards`` (None if it has none), shaped as its
+    ``lengths``; padded with nan."""
+    if rewards is None:
+        return None
+    shaped = isinstance(rewards, list) and len(rewards) == len(groups)
+    if shaped:
+        shaped = all(
+            isinstance(r, list) and len(r) == len(g) for r, g in zip(rewards, groups, strict=True)
+        )
+    values = [v for r in rewards for v in r] if shaped else []
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+    if not shaped or not numbers:
+        raise ValueError(f"{where}: 'rewards' must be numbers shaped as 'lengths'")
+    out = np.full((len(groups), max(len(g) for g in groups)), np.nan)
+    for p, r in enumerate(rewards):
+        out[p, : len(r)] = r
+    return out
 
 
 def _padded_groups(groups) -> np.ndarray | None:
