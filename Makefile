@@ -98,7 +98,9 @@ simulate: $(STAMP)
 # (docs/experiments/hybrid.md) beside fixed G and sagc on a pool of 128 problems revisited
 # every epoch (5 seeds), and its per_prompt mode at a fixed 128 rows per step against fixed:8's
 # same 128 rows (5 seeds).
-# Rerunning resumes; finished runs are only read.
+# Rerunning resumes; finished runs are only read. The GRPO study of each workload leaves a record
+# of each finished run in docs/experiments/data/ (`compare --records`), to commit: a rerun skips
+# the runs recorded there, and `--from-records` rebuilds their tables on any machine.
 EXPERIMENT := configs/experiments/straggler.yaml
 SPARSE := configs/experiments/sparse_reward.yaml
 EXPERIMENT_DIR ?= runs/experiment
@@ -109,10 +111,12 @@ CONTROLLERS := fixed:4,fixed:8,fixed:16,sagc,sagc_plus
 VALUE_CONTROLLERS := $(CONTROLLERS),sagc_value
 STUDY = $(CLI) compare --config $(EXPERIMENT) --set train.init_checkpoint=$(EXPERIMENT_DIR)/sft
 SPARSE_STUDY = $(CLI) compare --config $(SPARSE) \
-	--set train.init_checkpoint=$(EXPERIMENT_DIR)/sparse/sft --controllers $(VALUE_CONTROLLERS)
+	--set train.init_checkpoint=$(EXPERIMENT_DIR)/sparse/sft --controllers $(VALUE_CONTROLLERS) \
+	--records docs/experiments/data/sparse-reward
 experiment: $(STAMP)
 	$(CLI) sft --config $(EXPERIMENT) --set logging.run_dir=$(EXPERIMENT_DIR)/sft
-	$(STUDY) --seeds 5 --controllers $(VALUE_CONTROLLERS) --set logging.run_dir=$(EXPERIMENT_DIR)/grpo
+	$(STUDY) --seeds 5 --controllers $(VALUE_CONTROLLERS) --set logging.run_dir=$(EXPERIMENT_DIR)/grpo \
+		--records docs/experiments/data/straggler-study
 	$(STUDY) --seeds 3 --controllers $(CONTROLLERS) --set loss.algorithm=dapo \
 		--set logging.run_dir=$(EXPERIMENT_DIR)/dapo
 	$(STUDY) --seeds 3 --controllers $(CONTROLLERS) --set train.batch_mode=budget \
