@@ -281,6 +281,7 @@ def run_sagc(jax_model, cfg, prompts_pt, args) -> tuple[Timing, float]:
     from sagc_jax.config import load_config
     from sagc_jax.parallel import ShardingPlan
     from sagc_jax.programs.policy import Policy
+    from sagc_jax.programs.shapes import training_settings
     from sagc_jax.programs.state import build_run
     from sagc_jax.rl import completion_mask, group_advantages
     from sagc_jax.sampling.sampler import Sampler
@@ -311,7 +312,7 @@ def run_sagc(jax_model, cfg, prompts_pt, args) -> tuple[Timing, float]:
     graphdef, params = nnx.split(jax_model)
     shardings = plan.params(params)
     policy = Policy(graphdef, jax.device_put(params, shardings), cfg, shardings)
-    run, run_state = build_run(run_cfg, plan, policy)
+    run, run_state = build_run(training_settings(run_cfg), plan, policy)
     sampler = Sampler(
         graphdef, cfg, eos_ids=eos_ids, pad_id=PAD, plan=plan, state_shardings=shardings
     )

@@ -54,7 +54,7 @@ from sagc_jax.programs.packing import (
     rung_for,
 )
 from sagc_jax.programs.policy import build_sharded_policy, build_tokenizer
-from sagc_jax.programs.shapes import trains_signal_only, update_settings
+from sagc_jax.programs.shapes import training_settings, trains_signal_only, update_settings
 from sagc_jax.programs.state import build_run
 from sagc_jax.rl import completion_mask
 from sagc_jax.sim.roofline import model_costs
@@ -180,7 +180,7 @@ def main() -> None:
     cfg = load_config(args.config, [f"model.hf_checkpoint={args.model}", *args.set])
     plan = ShardingPlan.from_config(cfg.mesh)
     policy = build_sharded_policy(cfg.model, build_tokenizer(cfg), cfg.train.seed, plan)
-    run, state = build_run(cfg, plan, policy)
+    run, state = build_run(training_settings(cfg), plan, policy)
     arch = policy.arch
     batch, d = step_batch(cfg, args, arch.vocab_size, plan.batch_shards)
     batch = plan.global_rows(batch)

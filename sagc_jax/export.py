@@ -32,12 +32,12 @@ from sagc_jax.models.hf_checkpoint import hf_architecture, save_hf_params
 from sagc_jax.models.hf_lora import save_merged, save_peft_adapters
 from sagc_jax.models.lora import LoRAParam
 from sagc_jax.programs.policy import (
-    adapted_architecture,
     build_model,
     build_tokenizer,
     preset_architecture,
     run_settings,
 )
+from sagc_jax.programs.state import adapted_architecture
 from sagc_jax.tasks import CharTokenizer
 from sagc_jax.train.lora_base import base_identity, check_same_base
 from sagc_jax.train.metrics import no_space_on

@@ -26,8 +26,14 @@ from sagc_jax.models import axes as ax
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.programs.packing import resolve_pack_len
 from sagc_jax.programs.policy import architecture
-from sagc_jax.programs.shapes import decode_rows, prompts_for
-from sagc_jax.programs.state import PolicyState, RunPrograms, abstract_policy, build_run
+from sagc_jax.programs.shapes import decode_rows, prompts_for, training_settings
+from sagc_jax.programs.state import (
+    PolicyState,
+    RunPrograms,
+    TrainingSettings,
+    abstract_policy,
+    build_run,
+)
 from sagc_jax.programs.update import (
     PACKED,
     PADDED,
@@ -120,9 +126,9 @@ def _sized(name: str, detail: str, tree, copies: int = 1) -> Item:
 class MemoryModel:
     """The memory of a run of ``cfg`` on the mesh of ``plan`` (prompt buckets concrete), its
     steps at most of G = ``group_size``, its model ``architecture`` (the architecture and where
-    it came from: ``programs.policy.architecture``): the state as ``build_run`` makes it
-    (abstract), the update's items traced once per G, the samplers' caches for any number of
-    slots.
+    it came from: ``programs.policy.architecture``): the state as ``build_run`` makes it of
+    ``training`` (``programs.shapes.training_settings``; abstract), the update's items traced
+    once per G, the samplers' caches for any number of slots.
     `plan` gives the whole table; `auto_slots` the rows that fit a device."""
 
     def __init__(
@@ -131,6 +137,7 @@ class MemoryModel:
         plan: ShardingPlan,
         group_size: int,
         architecture: tuple[DecoderConfig, str],
+        training: TrainingSettings,
     ):
         if isinstance(cfg.sampling.prompt_buckets, str):
             raise ConfigError(
@@ -140,7 +147,7 @@ class MemoryModel:
         self.cfg, self.sharding, self.group_size = cfg, plan, group_size
         arch, self.source = architecture  # the model's, and where it came from
         policy = abstract_policy(arch, plan)
-        self.run, self.state = build_run(cfg, plan, policy, concrete=False)
+        self.run, self.state = build_run(training, plan, policy, concrete=False)
         self.arch = policy.arch  # what the samplers decode (with LoRA: the base's)
         self.decoded = policy.params
         self._update_items: dict[int, list[Item]] = {}
@@ -195,8 +202,8 @@ class MemoryModel:
         """The KV cache of ``slots`` rows (0: every rollout) of a step of G = ``g`` and its
         prompts' prefill cache."""
         cfg, arch, shards = self.cfg, self.arch, self.sharding.batch_shards
-        rows = prompts_for(cfg, g) * g
-        decoded = decode_rows(cfg, g, slots)
+        rows = prompts_for(cfg.train, g) * g
+        decoded = decode_rows(cfg.train, g, slots)
         width = max(cfg.sampling.prompt_buckets) + cfg.sampling.max_new_tokens
         cache = (decoded, arch.num_kv_heads, arch.head_dim, width)
         layer = jax.ShapeDtypeStruct(
@@ -224,7 +231,7 @@ class MemoryModel:
             round(growth * per_layer * whole_bytes(layer)),
         )
         # One prefill per prompt, its cache replicated on every device (copied into the slots).
-        prompts, bucket = prompts_for(cfg, g), max(cfg.sampling.prompt_buckets)
+        prompts, bucket = prompts_for(cfg.train, g), max(cfg.sampling.prompt_buckets)
         prompt_bytes = per_layer * prompts * arch.num_kv_heads * arch.head_dim * bucket
         prompt_bytes *= np.dtype(arch.compute_jnp_dtype).itemsize
         detail = f"{prompts} prompts x {bucket} tokens x {arch.num_layers} layers, on every device"
@@ -255,7 +262,7 @@ class MemoryModel:
         (``sampling.row_buckets`` > 1), an even number of rows per device, so that half the
         slots is a rung and the KV cache's share per row is the one counted here."""
         cfg, g, shards = self.cfg, self.group_size, self.sharding.batch_shards
-        rollouts = prompts_for(cfg, g) * g
+        rollouts = prompts_for(cfg.train, g) * g
         kv, prompt_cache = self._sampling_items(g, rollouts)
         held = [i for i in self.state_items if i.stage in ("state", "sampling")]
         per_row = kv.per_device / (rollouts // shards)  # bytes of one row's cache on its device
@@ -282,14 +289,15 @@ def memory_plan(
     ``planning.resolve.resolve_run``; this is the plan of a config as it stands (the LoRA
     table, tests)."""
     g = max(make_controller(cfg.controller).candidates)
-    model = MemoryModel(cfg, ShardingPlan.abstract(cfg.mesh, num_devices), g, architecture(cfg))
+    plan = ShardingPlan.abstract(cfg.mesh, num_devices)
+    model = MemoryModel(cfg, plan, g, architecture(cfg), training_settings(cfg))
     if slots is None:
         slots = 0 if cfg.sampling.slots == "auto" else cfg.sampling.slots
     return model.plan(slots, group_size)
 
 
 def _update_items(cfg: Config, run: RunPrograms, state: PolicyState, arch, shards: int, g: int):
-    rows = prompts_for(cfg, g) * g
+    rows = prompts_for(cfg.train, g) * g
     micro_rows = rows // (cfg.train.minibatches * cfg.train.microbatches)
     local_rows = max(1, micro_rows // shards)
     width = _update_width(cfg)

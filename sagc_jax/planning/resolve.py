@@ -3,12 +3,14 @@
 target it is given (the data, the mesh, one device's memory) and nothing resolved again after.
 
 In order: the names of its kinds (``planning.choices``), the prompt buckets
-(``sampling.prompt_buckets: auto``, from the data), the controller (its candidates;
+(``sampling.prompt_buckets: auto``, from the data), what the config makes of the trained state
+(`programs.state.TrainingSettings`) and the model's architecture, the controller (its candidates;
 ``sagc_value`` with its step timer), the checks that every candidate G splits into the mesh's
 shards and the processes, the memory model (`planning.memory.MemoryModel`:
 the state ``build_run`` makes, traced abstractly), the rollout slots (``sampling.slots: auto``,
 from that model and the device's memory) and the memory check. The config that comes out has
-concrete values where ``auto`` stood: the one config of the run after start-up.
+concrete values where ``auto`` stood: the one config of the run after start-up; what the
+components below the trainer read of it is derived here once and handed to them.
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ from sagc_jax.programs.shapes import (
     decode_rows,
     rollout_shapes,
     tail_rollout_shapes,
+    training_settings,
 )
-from sagc_jax.tasks.source import make_source, with_resolved_buckets
+from sagc_jax.programs.state import TrainingSettings
+from sagc_jax.tasks.source import make_source
 
 # The keys that shrink each item of plan's estimate, for the memory check's advice.
 _LEVERS = {
@@ -56,12 +60,14 @@ class RunShape:
 
     ``cfg``: the run's config with ``sampling.prompt_buckets`` and ``sampling.slots`` concrete
     (slots 0: every rollout of a step); ``controller``: the run's, built once (its state is the
-    run's: the trainer checkpoints it); ``memory``: the run's memory model."""
+    run's: the trainer checkpoints it); ``memory``: the run's memory model; ``training``: what
+    its config makes of the trained state (``programs.state.build_run`` reads it)."""
 
     cfg: Config
     controller: GroupController
     processes: int
     memory: MemoryModel
+    training: TrainingSettings
     refused: str = ""  # what_if: why a run of these shapes would not start ("": it would)
 
     @property
@@ -106,7 +112,7 @@ class RunShape:
     def eval_slots(self) -> int:
         """Rows the held-out evaluation decodes at once: the largest G's step's, which the
         memory check counts (more held-out prompts stream through them)."""
-        return decode_rows(self.cfg, max(self.candidates), self.slots)
+        return decode_rows(self.cfg.train, max(self.candidates), self.slots)
 
     @property
     def rollouts(self) -> dict[str, tuple[int, int]]:
@@ -151,9 +157,10 @@ def resolve_run(
                 "sampling.prompt_buckets = auto: resolve_run reads them from the run's prompt "
                 "source (planning.resolve.data_source); none was given"
             )
-        cfg = with_resolved_buckets(cfg, source)
+        cfg = _with_sampling(cfg, prompt_buckets=source.prompt_buckets)
+    training = training_settings(cfg)
     arch, arch_source = architecture(cfg)  # the model's shapes, read once
-    controller = controller_for_run(cfg, arch)
+    controller = controller_for_run(cfg, arch, training.signal_only)
     refused = ""
     try:
         CONTROLLERS[cfg.controller.kind].check_run(cfg.controller, processes)
@@ -162,7 +169,7 @@ def resolve_run(
         if not what_if:
             raise
         refused = str(err)
-    memory = MemoryModel(cfg, plan, max(controller.candidates), (arch, arch_source))
+    memory = MemoryModel(cfg, plan, max(controller.candidates), (arch, arch_source), training)
     slots = cfg.sampling.slots
     if slots == "auto":
         if device_bytes is None:
@@ -171,11 +178,16 @@ def resolve_run(
         else:
             slots = memory.auto_slots(device_bytes)
             say(f"sampling.slots = auto: {slots} rows decode at once")
-    cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, slots=slots))
-    shape = RunShape(cfg, controller, processes, memory, refused)
+    cfg = _with_sampling(cfg, slots=slots)
+    shape = RunShape(cfg, controller, processes, memory, training, refused)
     if memory_check is not None:
         _check_memory(shape.memory_plan, cfg, device_bytes, memory_check)
     return shape
+
+
+def _with_sampling(cfg: Config, **resolved) -> Config:
+    """``cfg`` with the ``sampling`` values that ``auto`` stood for made concrete."""
+    return dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, **resolved))
 
 
 def data_source(cfg: Config):

@@ -85,18 +85,19 @@ def step_timer(cfg: Config, padded_width: int, max_new_tokens: int | None = None
     cap of ``max_new_tokens`` (default ``sampling.max_new_tokens``; the synthetic workload's is
     ``sim.max_new_tokens``)."""
     timed = None if cfg.sim.hardware == "custom" else timed_architecture(cfg)
-    return timer_of(cfg, timed, padded_width, max_new_tokens)
+    return timer_of(cfg, timed, trains_signal_only(cfg), padded_width, max_new_tokens)
 
 
 def timer_of(
     cfg: Config,
     timed: tuple[DecoderConfig, str] | None,
+    signal_only: bool,
     padded_width: int,
     max_new_tokens: int | None = None,
 ) -> StepTimer:
     """`step_timer` for the model ``timed`` (architecture, name; None: ``sim.hardware =
-    custom``, no model)."""
-    signal_only = trains_signal_only(cfg)
+    custom``, no model) whose update trains only the rollouts of non-zero advantage when
+    ``signal_only`` (``TrainingSettings.signal_only``)."""
     costs, name = (None, "") if timed is None else (model_costs(timed[0]), timed[1])
     cap = cfg.sampling.max_new_tokens if max_new_tokens is None else max_new_tokens
     return StepTimer(
@@ -111,12 +112,13 @@ def timer_of(
     )
 
 
-def controller_for_run(cfg: Config, arch: DecoderConfig):
+def controller_for_run(cfg: Config, arch: DecoderConfig, signal_only: bool):
     """The run's controller (``controller.*``); one that ``weighs_step_time`` (``sagc_value``)
     weighs the modeled seconds of a step at each G by ``cfg.sim``'s step-time model (compacting
     rollouts plus the update, the prompts at the largest prompt bucket: ``cfg`` with its
     buckets resolved). ``arch``: the run's model (``resolve_run``'s), timed unless ``sim.model``
-    names another."""
+    names another; ``signal_only``: whether its update trains only the rollouts of non-zero
+    advantage (``resolve_run``'s ``TrainingSettings``)."""
     step_seconds = None
     if CONTROLLERS[cfg.controller.kind].cls.weighs_step_time:
         timed = None
@@ -124,7 +126,7 @@ def controller_for_run(cfg: Config, arch: DecoderConfig):
             own = (arch, own_model_name(cfg.model))
             timed = named_architecture(cfg.sim.model) if cfg.sim.model else own
         prompt = max(cfg.sampling.prompt_buckets)
-        timer = timer_of(cfg, timed, prompt + cfg.sampling.max_new_tokens)
+        timer = timer_of(cfg, timed, signal_only, prompt + cfg.sampling.max_new_tokens)
         step_seconds = timer.step_seconds(prompt)
     return make_controller(cfg.controller, step_seconds=step_seconds)
 
@@ -152,7 +154,7 @@ def step_prediction(
     hw, arch = HARDWARE[hardware], architecture(cfg)[0]
     costs = model_costs(arch)
     g = max(make_controller(cfg.controller).candidates)
-    rows = prompts_for(cfg, g) * g
+    rows = prompts_for(cfg.train, g) * g
     prompt, cap = max(cfg.sampling.prompt_buckets), cfg.sampling.max_new_tokens
     mean = min(cap, mean_new_tokens if mean_new_tokens is not None else max(1, cap // 2))
     lengths = np.full((rows // g, g), mean)

@@ -1,6 +1,6 @@
-"""Build the policy (model, tokenizer) a run trains, from a preset or a Hugging Face checkpoint,
-and describe its LoRA-adapted model (the adapters themselves: ``programs.state``; the
-parameters of an earlier run, the SFT warm start: ``train.warm_start``)."""
+"""Build the policy (model, tokenizer) a run trains, from a preset or a Hugging Face checkpoint
+(its LoRA adapters and the adapted model: ``programs.state``; the parameters of an earlier run,
+the SFT warm start: ``train.warm_start``)."""
 
 from __future__ import annotations
 
@@ -98,17 +98,6 @@ def build_sharded_policy(m: ModelConfig, tokenizer, seed: int, plan: ShardingPla
         return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
     return Policy(graphdef, jax.tree.map(place, params, shardings), model.config, shardings)
-
-
-def adapted_architecture(m: ModelConfig, base_arch: DecoderConfig) -> DecoderConfig:
-    """``base_arch`` with the run's LoRA adapters (``model.lora_*``): the one place a run's
-    adapted model is described (the trainer, plan, export)."""
-    return base_arch.replace(
-        lora_rank=m.lora_rank,
-        lora_alpha=m.lora_alpha,
-        lora_targets=m.lora_targets,
-        lora_dropout=m.lora_dropout,
-    )
 
 
 def run_settings(m: ModelConfig) -> dict:

@@ -1,47 +1,50 @@
 """What a run's config makes of its shapes and settings (``planning.resolve.resolve_run`` reads
 them once for a run): prompts and rollout rows per step at each G, the checks that every
-candidate G splits into the mesh's shards, the processes and the (micro)batches, the update
-program's static settings and the optimizer."""
+candidate G splits into the mesh's shards, the processes and the (micro)batches, and the
+`TrainingSettings` of its state (the update program's static settings and the optimizer)."""
 
 from __future__ import annotations
 
 import math
 
-from sagc_jax.config import Config, ConfigError
+from sagc_jax.config import Config, ConfigError, ControllerConfig, TrainConfig
 from sagc_jax.controller.registry import CONTROLLERS
 from sagc_jax.programs.optim import make_optimizer
+from sagc_jax.programs.state import TrainingSettings
 from sagc_jax.programs.tail import TailBatcher
 from sagc_jax.programs.update import UpdateSettings
 from sagc_jax.rl import ALGORITHMS
 
 
-def prompts_for(cfg: Config, group_size: int) -> int:
-    """Prompts per step at group size G: fixed, or a fixed rollout budget divided by G."""
-    if cfg.train.batch_mode == "prompts":
-        return cfg.train.prompts_per_step
-    return cfg.train.rollout_budget // group_size
+def prompts_for(train: TrainConfig, group_size: int) -> int:
+    """Prompts per step at group size G (the ``train`` section's): fixed, or a fixed rollout
+    budget divided by G."""
+    if train.batch_mode == "prompts":
+        return train.prompts_per_step
+    return train.rollout_budget // group_size
 
 
-def decode_rows(cfg: Config, group_size: int, slots: int) -> int:
+def decode_rows(train: TrainConfig, group_size: int, slots: int) -> int:
     """Rows whose KV cache a step of G = ``group_size`` holds at once: ``slots`` (resolved;
     0: every rollout), at most the step's rollouts."""
-    rows = prompts_for(cfg, group_size) * group_size
+    rows = prompts_for(train, group_size) * group_size
     return min(slots or rows, rows)
 
 
-def per_prompt_budget(cfg: Config) -> int:
+def per_prompt_budget(controller: ControllerConfig) -> int:
     """The fixed rollout rows of a step whose controller fixes them whatever the sizes (the
     hybrid's ``per_prompt`` mode; its entry's ``row_budget``), 0: none, the rows are P x G."""
-    return CONTROLLERS[cfg.controller.kind].row_budget(cfg.controller)
+    return CONTROLLERS[controller.kind].row_budget(controller)
 
 
 def rollout_shapes(cfg: Config, candidates: tuple[int, ...]) -> dict[str, tuple[int, int]]:
     """(rollouts, prompts) of every batch shape a step can sample, by label (one sampler
     program each): a fixed per-prompt budget is one shape, else one per candidate G."""
-    budget = per_prompt_budget(cfg)
+    t = cfg.train
+    budget = per_prompt_budget(cfg.controller)
     if budget:
-        return {f"B={budget}": (budget, cfg.train.prompts_per_step)}
-    return {f"G={g}": (prompts_for(cfg, g) * g, prompts_for(cfg, g)) for g in candidates}
+        return {f"B={budget}": (budget, t.prompts_per_step)}
+    return {f"G={g}": (prompts_for(t, g) * g, prompts_for(t, g)) for g in candidates}
 
 
 def tail_rollout_shapes(
@@ -54,7 +57,7 @@ def tail_rollout_shapes(
     tail = TailBatcher(cfg.tail_batching, processes)
     shapes = {}
     for g in candidates:
-        keep, extra = tail.shape(prompts_for(cfg, g))
+        keep, extra = tail.shape(prompts_for(cfg.train, g))
         shapes[g] = ((keep + extra) * processes, keep)
     return shapes
 
@@ -72,7 +75,7 @@ def check_batch_shapes(
             f"mesh.data x mesh.fsdp = {batch_shards} batch shards is not a multiple of the "
             f"{processes} processes: every process must hold its own rows"
         )
-    budget = per_prompt_budget(cfg)
+    budget = per_prompt_budget(cfg.controller)
     if budget:
         candidates = ()  # one fixed batch of rows, whatever the sizes
         if budget % (parts * batch_shards):
@@ -88,7 +91,7 @@ def check_batch_shapes(
                 f"train.rollout_budget = {t.rollout_budget} is not divisible by G = {g} "
                 f"(controller candidates {list(candidates)})"
             )
-        prompts = prompts_for(cfg, g)
+        prompts = prompts_for(t, g)
         if prompts < 1 or (prompts * g) % parts:
             raise ConfigError(
                 f"at G = {g} a step has {prompts * g} rollouts, which train.minibatches x "
@@ -136,9 +139,9 @@ def update_settings(cfg: Config) -> UpdateSettings:
 
 
 def trains_signal_only(cfg: Config) -> bool:
-    """Whether the update leaves out the rollouts of advantage 0 (``train.drop_no_signal``):
-    only when no term of the loss gives them a gradient (no KL term)."""
-    return cfg.train.drop_no_signal and update_settings(cfg).zero_advantage_is_inert
+    """Whether the update of ``cfg``'s run leaves out the rollouts of advantage 0
+    (`TrainingSettings.signal_only`)."""
+    return training_settings(cfg).signal_only
 
 
 def make_trainer_optimizer(cfg: Config):
@@ -156,4 +159,18 @@ def make_trainer_optimizer(cfg: Config):
         state_dtype=t.optimizer_dtype,
         # LoRA trains only the adapters, which are float32 (models.lora): no master copy
         param_dtype="float32" if cfg.model.lora_rank else cfg.model.param_dtype,
+    )
+
+
+def training_settings(cfg: Config) -> TrainingSettings:
+    """What ``cfg`` makes of the run's trained state and its update: what
+    ``programs.state.build_run`` reads (``planning.resolve.resolve_run`` derives it once for a
+    run: ``RunShape.training``)."""
+    return TrainingSettings(
+        model=cfg.model,
+        seed=cfg.train.seed,
+        reference=cfg.loss.kl_beta > 0,
+        update=update_settings(cfg),
+        drop_no_signal=cfg.train.drop_no_signal,
+        tx=make_trainer_optimizer(cfg),
     )

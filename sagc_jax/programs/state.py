@@ -3,7 +3,9 @@
 (``planning.memory``) and ``plan --compile`` (``planning.aot``): shapes and shardings, nothing
 allocated.
 
-``build_run`` decides, once, what the rest of the run reads:
+``build_run`` reads the run's `TrainingSettings` (what its config makes of the trained state,
+derived once by ``programs.shapes.training_settings``) and decides, once, what the rest of the run
+reads:
 
 - LoRA (``model.lora_rank > 0``): the model's params become the frozen ``base``, the adapters
   are what is trained, and the samplers decode the base with the adapters merged in;
@@ -25,14 +27,33 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from sagc_jax.config import Config
+from sagc_jax.config import ModelConfig
 from sagc_jax.models import Decoder, DecoderConfig
 from sagc_jax.models import lora as lora_lib
 from sagc_jax.models.lora import LoRAParam
 from sagc_jax.parallel import ShardingPlan
-from sagc_jax.programs.policy import Policy, adapted_architecture
-from sagc_jax.programs.shapes import make_trainer_optimizer, update_settings
+from sagc_jax.programs.policy import Policy
 from sagc_jax.programs.update import PolicyPrograms, StateShardings, UpdateSettings
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingSettings:
+    """What a run's config makes of its trained state and its update, derived once
+    (``programs.shapes.training_settings``; a run's: ``RunShape.training``): what ``build_run``
+    reads, and which rollouts the update batch keeps."""
+
+    model: ModelConfig  # its ``lora_*``: adapters over frozen params when ``lora_rank`` > 0
+    seed: int  # ``train.seed``: the adapters' initialisation
+    reference: bool  # the KL term's frozen reference is held (``loss.kl_beta`` > 0)
+    update: UpdateSettings  # the update programs' static settings
+    drop_no_signal: bool  # ``train.drop_no_signal``
+    tx: optax.GradientTransformation  # the optimizer
+
+    @property
+    def signal_only(self) -> bool:
+        """Whether the update leaves out the rollouts of advantage 0 (``train.drop_no_signal``):
+        only when no term of the loss gives them a gradient (no KL term)."""
+        return self.drop_no_signal and self.update.zero_advantage_is_inert
 
 
 class PolicyState(NamedTuple):
@@ -97,12 +118,23 @@ def abstract_policy(arch: DecoderConfig, plan: ShardingPlan) -> Policy:
     return Policy(graphdef, abstract(params, shardings), arch, shardings)
 
 
-def _adapters(cfg: Config, base_arch: DecoderConfig, seed: int, plan: ShardingPlan, concrete):
+def adapted_architecture(m: ModelConfig, base_arch: DecoderConfig) -> DecoderConfig:
+    """``base_arch`` with the run's LoRA adapters (``model.lora_*``): the one place a run's
+    adapted model is described (the trainer, plan, export)."""
+    return base_arch.replace(
+        lora_rank=m.lora_rank,
+        lora_alpha=m.lora_alpha,
+        lora_targets=m.lora_targets,
+        lora_dropout=m.lora_dropout,
+    )
+
+
+def _adapters(m: ModelConfig, base_arch: DecoderConfig, seed: int, plan: ShardingPlan, concrete):
     """(graphdef of the adapted model, adapters, their shardings, adapted architecture): the
     adapters freshly initialised (B zeros) inside one program placed by ``plan`` (the base
     weights it would draw are never computed: only the adapters are its outputs), or only
     their shapes when not ``concrete``."""
-    arch = adapted_architecture(cfg.model, base_arch)
+    arch = adapted_architecture(m, base_arch)
 
     def adapted():
         return Decoder(arch, rngs=nnx.Rngs(seed))
@@ -116,25 +148,26 @@ def _adapters(cfg: Config, base_arch: DecoderConfig, seed: int, plan: ShardingPl
 
 
 def build_run(
-    cfg: Config, plan: ShardingPlan, policy: Policy, *, concrete: bool = True
+    training: TrainingSettings, plan: ShardingPlan, policy: Policy, *, concrete: bool = True
 ) -> tuple[RunPrograms, PolicyState]:
-    """The run's programs and its initial state from the model it starts from (``policy``:
-    built, and loaded from a warm start, by the caller; or ``abstract_policy``'s).
+    """The run's programs and its initial state, as ``training`` sets them, from the model it
+    starts from (``policy``: built, and loaded from a warm start, by the caller; or
+    ``abstract_policy``'s).
 
     ``concrete``: allocate and initialise the state on the devices (adapters, optimizer state,
     the reference's copy); else the same pytree of ShapeDtypeStructs with their shardings."""
     graphdef, params, param_shardings = policy.graphdef, policy.params, policy.shardings
     base = base_shardings = merge = None
-    if cfg.model.lora_rank:  # the model's params become the frozen base
+    if training.model.lora_rank:  # the model's params become the frozen base
         base, base_shardings = params, param_shardings
         graphdef, params, param_shardings, adapted = _adapters(
-            cfg, policy.arch, cfg.train.seed, plan, concrete
+            training.model, policy.arch, training.seed, plan, concrete
         )
         merge = jax.jit(
             functools.partial(lora_lib.merge_adapters, lora_scale=lora_lib.scale(adapted)),
             out_shardings=base_shardings,
         )
-    tx = make_trainer_optimizer(cfg)
+    tx = training.tx
     opt_shapes = jax.eval_shape(tx.init, params)
     opt_shardings = plan.opt_state(tx, opt_shapes, param_shardings)
     if concrete:
@@ -142,7 +175,7 @@ def build_run(
     else:
         opt_state = abstract(opt_shapes, opt_shardings)
     ref_params = None  # LoRA: the reference is the base with the adapters off
-    if cfg.loss.kl_beta > 0 and base is None:
+    if training.reference and base is None:
         copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=param_shardings)
         ref_params = copy(params) if concrete else params
     shardings = StateShardings(
@@ -153,7 +186,7 @@ def build_run(
     )
     run = RunPrograms(
         programs=PolicyPrograms(graphdef, tx, plan, shardings),
-        settings=update_settings(cfg),
+        settings=training.update,
         tx=tx,
         shardings=shardings,
         graphdef=graphdef,

@@ -300,9 +300,3 @@ def data_identity(cfg: Config) -> dict[str, dict]:
     data file its path, size and sha256; for a reasoning-gym task its dataset name, keyword
     arguments, sizes, seeds and reasoning-gym version; nothing for the synthetic task."""
     return SOURCES[cfg.data.task].identity(cfg)
-
-
-def with_resolved_buckets(cfg: Config, source: PromptSource) -> Config:
-    """``cfg`` with ``sampling.prompt_buckets`` replaced by the source's concrete buckets."""
-    sampling = dataclasses.replace(cfg.sampling, prompt_buckets=source.prompt_buckets)
-    return dataclasses.replace(cfg, sampling=sampling)

@@ -136,10 +136,10 @@ class Trainer:
             params = load_run_params(cfg.train.init_checkpoint, policy.params)
             policy = policy._replace(params=params)
         self.model_config = policy.arch
-        self.programs, self.state = build_run(cfg, self.plan, policy)
+        self.programs, self.state = build_run(self.shape.training, self.plan, policy)
         check_free_space(self.run_dir, (self.state.params, self.state.opt_state))
         self.scale_by_std = ALGORITHMS[cfg.loss.algorithm].scale_by_std
-        self.batcher = UpdateBatcher(self.shape, self.plan, self.programs.settings)
+        self.batcher = UpdateBatcher(self.shape, self.plan)
         if cfg.train.drop_no_signal and not self.batcher.drops:
             self._say(
                 "loss.kl_beta > 0: every rollout is trained, those of advantage 0 too (the KL "

@@ -244,7 +244,7 @@ def sample_step(
     (``Rollouts.shaped``). Tail batching (``tail``) samples one round and trains on its first
     whole groups; otherwise see :func:`_sample_rounds`."""
     source, step = prompts.source, prompts.step
-    num_prompts = prompts_for(cfg, sizes) if np.ndim(sizes) == 0 else len(sizes)
+    num_prompts = prompts_for(cfg.train, sizes) if np.ndim(sizes) == 0 else len(sizes)
     settings = _generate_settings(cfg, prompts, num_prompts)
     if tail is None:
         return _sample_rounds(

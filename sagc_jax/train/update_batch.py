@@ -17,8 +17,6 @@ from sagc_jax.programs.packing import (
     padded_update_batch,
     rung_for,
 )
-from sagc_jax.programs.shapes import trains_signal_only
-from sagc_jax.programs.update import UpdateSettings
 from sagc_jax.rl import completion_mask
 from sagc_jax.train.rollout import Rollouts
 
@@ -28,13 +26,13 @@ class UpdateBatcher:
     packed rows hold ``shape.pack_len`` tokens (a ``train.pack_len`` shorter than a bucket
     plus ``sampling.max_new_tokens`` raises ConfigError here)."""
 
-    def __init__(self, shape: RunShape, plan: ShardingPlan, settings: UpdateSettings):
+    def __init__(self, shape: RunShape, plan: ShardingPlan):
         self.cfg = shape.cfg
         self.plan = plan
-        self.aggregation = settings.aggregation  # the loss's
+        self.aggregation = shape.training.update.aggregation  # the loss's
         self.pack_len = shape.pack_len
         self.row_multiple = shape.row_multiple
-        self.drops = trains_signal_only(self.cfg)
+        self.drops = shape.training.signal_only
 
     def trained(self, adv: np.ndarray) -> np.ndarray:
         """bool [N]: the rollouts the update trains, of advantages ``adv`` float32 [N]: those

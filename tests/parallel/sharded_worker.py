@@ -16,6 +16,7 @@ import numpy as np
 from sagc_jax.config import MeshConfig, load_config
 from sagc_jax.parallel import ShardingPlan, bytes_per_device
 from sagc_jax.programs.policy import build_sharded_policy
+from sagc_jax.programs.shapes import training_settings
 from sagc_jax.programs.state import build_run
 from sagc_jax.rl import completion_mask
 from sagc_jax.sampling import left_pad
@@ -61,7 +62,7 @@ def run(mesh_shape, devices, kl_beta):
     cfg = load_config(None, overrides)
     plan = ShardingPlan.from_config(MeshConfig(*mesh_shape), devices)
     policy = build_sharded_policy(cfg.model, _Tok(), 0, plan)
-    programs, state = build_run(cfg, plan, policy)
+    programs, state = build_run(training_settings(cfg), plan, policy)
     assert (state.ref_params is not None) == (kl_beta > 0)
     params, opt_state = state.params, state.opt_state
     param_bytes = bytes_per_device(params)

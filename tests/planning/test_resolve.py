@@ -2,6 +2,7 @@
 (planning/memory.py): every "auto" made concrete in one pass at start-up, the memory model built
 once, and the state's bytes those of ``build_run``'s state, whatever its optimizer."""
 
+import dataclasses
 import json
 
 import jax
@@ -11,11 +12,12 @@ from helpers import TINY
 
 import sagc_jax.planning.memory as memory
 import sagc_jax.planning.resolve as resolve
-import sagc_jax.programs.state as state_lib
+import sagc_jax.train.loop as loop
 from sagc_jax.config import load_config, to_dict
 from sagc_jax.parallel import ShardingPlan
 from sagc_jax.planning.memory import MemoryModel, device_bytes
 from sagc_jax.programs.policy import architecture
+from sagc_jax.programs.shapes import training_settings
 from sagc_jax.train.loop import Trainer
 from sagc_jax.train.safety.run_state import RunState
 
@@ -37,12 +39,13 @@ def _counting(monkeypatch, module, name):
 
 def test_the_trainer_resolves_every_auto_once_and_keeps_one_config(tmp_path, monkeypatch):
     models = _counting(monkeypatch, memory.MemoryModel, "__init__")
-    buckets = _counting(monkeypatch, resolve, "with_resolved_buckets")
+    resolved = _counting(monkeypatch, loop, "resolve_run")
     controllers = _counting(monkeypatch, resolve, "controller_for_run")
     overrides = [*FAST, "sampling.prompt_buckets=auto", "sampling.slots=auto"]
     trainer = Trainer(load_config(None, overrides), tmp_path / "run")
     try:
-        assert (len(models), len(buckets), len(controllers)) == (1, 1, 1)
+        assert (len(models), len(resolved), len(controllers)) == (1, 1, 1)
+        assert trainer.programs.settings is trainer.shape.training.update  # derived once
         cfg = trainer.cfg
         assert cfg is trainer.shape.cfg  # one config after start-up
         assert isinstance(cfg.sampling.prompt_buckets, tuple)
@@ -80,7 +83,7 @@ def test_plan_what_if_keeps_the_memory_and_names_the_refusal():
 
 
 @pytest.mark.parametrize("lora", [0, 4])
-def test_the_plan_reads_the_state_build_run_makes(monkeypatch, lora):
+def test_the_plan_reads_the_state_build_run_makes(lora):
     """A new optimizer (here one more moment) or LoRA cannot make the plan lie: the state's
     rows are the bytes of ``build_run``'s abstract state on the run's mesh."""
     cfg = load_config(None, [*TINY, "mesh.fsdp=2", "loss.kl_beta=0.1", f"model.lora_rank={lora}"])
@@ -89,12 +92,10 @@ def test_the_plan_reads_the_state_build_run_makes(monkeypatch, lora):
     def items(model):
         return {i.name: i for i in model.plan(0).items}
 
-    before = MemoryModel(cfg, plan, 4, architecture(cfg))
-    real = state_lib.make_trainer_optimizer
-    monkeypatch.setattr(
-        state_lib, "make_trainer_optimizer", lambda c: optax.chain(real(c), optax.trace(0.9))
-    )
-    after = MemoryModel(cfg, plan, 4, architecture(cfg))
+    training = training_settings(cfg)
+    before = MemoryModel(cfg, plan, 4, architecture(cfg), training)
+    moment = dataclasses.replace(training, tx=optax.chain(training.tx, optax.trace(0.9)))
+    after = MemoryModel(cfg, plan, 4, architecture(cfg), moment)
     trained = after.state.params
     assert items(after)["optimizer state"].per_device == device_bytes(after.state.opt_state)
     grown = items(after)["optimizer state"].per_device - items(before)["optimizer state"].per_device

@@ -301,7 +301,7 @@ def test_auto_buckets_from_the_data_and_from_the_synthetic_task(tmp_path):
 
     from sagc_jax.config import load_config
     from sagc_jax.tasks.prompt_source import auto_buckets
-    from sagc_jax.tasks.source import make_source, with_resolved_buckets
+    from sagc_jax.tasks.source import make_source
 
     path = write_jsonl(tmp_path / "d.jsonl", sums([5, 61, 20]))
     held = write_jsonl(tmp_path / "held.jsonl", sums([150, 9]))
@@ -314,7 +314,6 @@ def test_auto_buckets_from_the_data_and_from_the_synthetic_task(tmp_path):
         "data: sampling.prompt_buckets auto -> [24, 40, 80, 152] (prompts of 5 to 150 tokens)"
     ]
     cfg = load_config(None, [*TINY, "sampling.prompt_buckets=auto"])
-    assert with_resolved_buckets(cfg, source).sampling.prompt_buckets == (24, 40, 80, 152)
     # synthetic prompts: bos + 2..4 one-digit terms with a sign each = 5..9 tokens
     assert make_source(cfg, log=notes.append).prompt_buckets == (8, 16)
     assert auto_buckets(100, 100, 2036) == (104,) and auto_buckets(1, 3000, 2036) == (

@@ -146,7 +146,7 @@ def test_the_evaluation_decodes_through_the_slots_the_memory_check_counts(tmp_pa
     overrides = [*TINY, "train.eval_size=12", "sampling.slots=4", "logging.tensorboard=false"]
     trainer = Trainer(load_config(None, overrides), tmp_path / "run")
     assert trainer.shape.eval_slots == 4 == trainer.eval_sampler.slots
-    assert decode_rows(trainer.cfg, 4, 0) == 2 * 4  # slots 0: the largest G's step, 2 x G = 4
+    assert decode_rows(trainer.cfg.train, 4, 0) == 2 * 4  # slots 0: the largest G's step, 2 x G = 4
     all_at_once = policy_sampler(
         trainer.programs.sampling_graphdef, trainer.model_config, trainer.tokenizer
     )
