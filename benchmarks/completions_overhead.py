@@ -1,6 +1,7 @@
 """Cost of writing a run's completions: the CPU demo's GRPO steps with completions written at
 every step, every group (``logging.completions_every=1``, ``completions_groups=0``: the most a
-run writes) against none (``completions_every=0``), same config and seeds, the two alternating.
+run writes; ``--every``/``--groups`` for another setting, such as the defaults 10 and 4)
+against none (``completions_every=0``), same config and seeds, the two alternating.
 
 Each run trains ``--steps`` steps from the demo's random start (no warm start: many
 completions ramble to the length limit, the longest texts there are), every step running its
@@ -13,7 +14,7 @@ step over) and the writer on its background thread (the rows, JSON, the file, th
 table), per logged step.
 
     python benchmarks/completions_overhead.py [--config configs/demo.yaml] [--steps 12]
-        [--repeats 2] [--set KEY=VALUE ...]
+        [--repeats 2] [--every 1] [--groups 0] [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def main() -> None:
     parser.add_argument("--config", default="configs/demo.yaml")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=2, help="runs of each, alternating")
+    parser.add_argument("--every", type=int, default=1, help="logging.completions_every when on")
+    parser.add_argument("--groups", type=int, default=0, help="logging.completions_groups (0: all)")
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides, last"
     )
@@ -72,16 +75,17 @@ def main() -> None:
         "train.eval_size=16",  # the step-0 evaluation is not timed: keep it short
         "train.checkpoint_every=0",
         "logging.progress=false",
-        "logging.completions_groups=0",
+        f"logging.completions_groups={args.groups}",
         "train.skip_no_signal=false",
     ]
     hooks, writes = timed("__call__"), timed("_write")
-    times: dict[int, list[float]] = {0: [], 1: []}
-    medians: dict[int, list[str]] = {0: [], 1: []}
+    on = args.every  # the setting timed against 0 (off)
+    times: dict[int, list[float]] = {0: [], on: []}
+    medians: dict[int, list[str]] = {0: [], on: []}
     paired: list[float] = []  # step k with completions over step k without, same repeat
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
-            order = (0, 1) if repeat % 2 == 0 else (1, 0)
+            order = (0, on) if repeat % 2 == 0 else (on, 0)
             runs = {}
             for every in order:
                 run_dir = Path(tmp) / f"every{every}-{repeat}"
@@ -89,16 +93,17 @@ def main() -> None:
                 runs[every] = run = step_times(args.config, overrides, run_dir)
                 times[every] += run.values()
                 medians[every].append(f"{np.median(list(run.values())):.3f}")
-            paired += [runs[1][k] / runs[0][k] for k in runs[1].keys() & runs[0].keys()]
-            files = list((Path(tmp) / f"every1-{repeat}" / "completions").iterdir())
-            assert len(files) == args.steps, files  # every step wrote its file
-    off, on = (float(np.median(times[e])) for e in (0, 1))
+            paired += [runs[on][k] / runs[0][k] for k in runs[on].keys() & runs[0].keys()]
+            files = list((Path(tmp) / f"every{on}-{repeat}" / "completions").iterdir())
+            assert len(files) == args.steps // on, files  # every logged step wrote its file
+    off, on_s = (float(np.median(times[e])) for e in (0, on))
     load = os.getloadavg()[0]
     print(
         f"completions overhead ({args.config}, {args.steps} steps x {args.repeats} runs each, "
-        f"every step, every group; load {load:.1f}): step {on:.3f} s on, {off:.3f} s off, "
-        f"ratio {on / off:.3f}, paired by step {np.median(paired):.3f} over {len(paired)} steps "
-        f"(the runs' medians: on {' '.join(medians[1])}, off "
+        f"every {on} steps, {args.groups or 'every'} groups; load {load:.1f}): step {on_s:.3f} s "
+        f"on, {off:.3f} s off, ratio {on_s / off:.3f}, paired by step {np.median(paired):.3f} "
+        f"over {len(paired)} steps "
+        f"(the runs' medians: on {' '.join(medians[on])}, off "
         f"{' '.join(medians[0])}); per logged step, the hook {1e6 * np.median(hooks):.0f} us on "
         f"the step's thread, the writer {1e3 * np.median(writes):.1f} ms on its own"
     )
