@@ -295,6 +295,11 @@ def test_study_plots_keep_bands_in_range_and_name_candidates(tmp_path, monkeypat
     assert all(band_limits(ax) == (0.0, 1.0) for ax in accuracy)
     (pareto_ax,) = figures["pareto.png"].axes  # final accuracy against modeled time, with CIs
     assert legend_labels(pareto_ax) == controllers
+    (wall_ax,) = figures["pareto_wall.png"].axes  # and against this machine's seconds
+    assert legend_labels(wall_ax) == controllers and "wall-clock" in wall_ax.get_xlabel()
+    walls = [sum(r["time/step_s"] for r in per_run[("sagc", s)][0]) for s in range(3)]
+    sagc_point = next(c for c in wall_ax.containers if c.get_label() == "sagc")
+    np.testing.assert_allclose(np.asarray(sagc_point.lines[0].get_xdata(), float), [np.mean(walls)])
     g_ax, lam_ax = figures["group_size_lambda.png"].axes
     assert band_limits(g_ax) == (4.0, 16.0)  # the ladder's range, not -9..25
     sagc_g = next(line for line in g_ax.get_lines() if line.get_label() == "sagc")

@@ -451,6 +451,7 @@ def test_compare_and_report_commands(tmp_path, capsys, monkeypatch):
         "runs.csv",
         "accuracy_vs_time.png",
         "pareto.png",
+        "pareto_wall.png",
         "group_size_lambda.png",
         "posterior_mean.png",
         "straggler_ratio.png",
