@@ -47,9 +47,9 @@ FLOOR_SHARE = 1 / 16  # the floor test's median floor, a share of the cap
 MIN_COST = 0.10  # the cost test's share of the step's modeled seconds
 
 
-def straggle_tests(timer: StepTimer, prompt_tokens: int, cap: int) -> list[StraggleTest | None]:
-    """The paper's test (None), then the two cost-aware ones of the module docstring."""
-    seconds = timer.step_seconds(prompt_tokens, REGIMES[0])
+def straggle_tests(seconds, cap: int) -> list[StraggleTest | None]:
+    """The paper's test (None), then the two cost-aware ones of the module docstring;
+    ``seconds``: a step's modeled seconds from its lengths (``StepTimer.step_seconds``)."""
     return [
         None,
         StraggleTest("floor", median_floor=FLOOR_SHARE * cap),
@@ -92,8 +92,9 @@ def read_traces(folder: Path, arm: str | None = None) -> tuple[str, list[tuple[P
 def replay_trace(cfg: Config, workload: ReplayWorkload, timer: StepTimer) -> list[dict]:
     """One row per (controller, test) and per fixed G of the ladder, replayed over one trace."""
     c = cfg.controller
-    tests = straggle_tests(timer, workload.prompt_tokens_per_step[0], cfg.sampling.max_new_tokens)
-    seconds = timer.step_seconds(workload.prompt_tokens_per_step[0])
+    # the sampler's regime (compacting), update included: what sagc_value and the cost test weigh
+    seconds = timer.step_seconds(workload.prompt_tokens_per_step[0], REGIMES[0])
+    tests = straggle_tests(seconds, cfg.sampling.max_new_tokens)
     plays = [(f"fixed:{g}", None) for g in c.candidates]
     plays += [(kind, test) for kind in ADAPTIVE for test in tests if kind != "sagc" or test is None]
     half = workload.num_steps // 2

@@ -505,9 +505,9 @@ def plot_study(
     (``pareto.png``, ``pareto_wall.png``: the frontier), G and lambda over steps, the
     posterior mean per candidate, the straggler rate and mean group max/median ratio over
     steps, and for prompt-aware controllers their predicted against observed straggler rate per
-    step. ``candidates`` and ``delta`` are the
-    study's ``controller`` ladder and straggler budget: the posterior's legend names each
-    candidate's G, and ``delta`` is drawn on the plots of straggling and posterior means."""
+    step. ``candidates`` and ``delta`` are the study's ``controller`` ladder and straggler
+    budget: the posterior's legend names each candidate's G, and ``delta`` is drawn on the plots
+    of straggling and posterior means."""
     plt, save, paths = figure_writer(out_dir)
 
     def common_steps(c):  # steps every seed logged (a run in progress may be shorter)

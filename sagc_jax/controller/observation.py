@@ -107,12 +107,19 @@ def ragged_median_ratio(lengths_b: np.ndarray, sizes_p: np.ndarray):
     return med_p, sorted_b[end_p - 1] / np.maximum(1.0, med_p)
 
 
-def group_ratios(lengths_pg: np.ndarray) -> np.ndarray:
-    """Per-group ``max / max(1, median)`` of the lengths; float64 ``[num_groups]``."""
+def group_max_median(lengths_pg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(max_p, median_p)`` of each group's lengths; float64 ``[num_groups]`` each."""
     sorted_pg = np.sort(lengths_pg, axis=1)  # one sort gives max and median (cheaper than median)
     g = sorted_pg.shape[1]
-    med_p = 0.5 * (sorted_pg[:, (g - 1) // 2] + sorted_pg[:, g // 2])
-    return sorted_pg[:, -1] / np.maximum(1.0, med_p)
+    return sorted_pg[:, -1].astype(np.float64), 0.5 * (
+        sorted_pg[:, (g - 1) // 2] + sorted_pg[:, g // 2]
+    )
+
+
+def group_ratios(lengths_pg: np.ndarray) -> np.ndarray:
+    """Per-group ``max / max(1, median)`` of the lengths; float64 ``[num_groups]``."""
+    max_p, med_p = group_max_median(lengths_pg)
+    return max_p / np.maximum(1.0, med_p)
 
 
 def observation_from_ratios(
@@ -150,12 +157,9 @@ class StraggleTest:
 
     def straggling(self, lengths_pg: np.ndarray, tau: float) -> np.ndarray:
         """bool ``[num_groups]``: the groups of ``lengths_pg`` (int ``[P, G]``) that straggle."""
-        sorted_pg = np.sort(lengths_pg, axis=1)
-        g = sorted_pg.shape[1]
-        med_p = np.maximum(
-            self.median_floor, 0.5 * (sorted_pg[:, (g - 1) // 2] + sorted_pg[:, g // 2])
-        )
-        out = sorted_pg[:, -1] / med_p > tau
+        max_p, med_p = group_max_median(lengths_pg)
+        med_p = np.maximum(self.median_floor, med_p)
+        out = max_p / med_p > tau
         if self.min_cost > 0 and out.any():
             whole = self.step_seconds(lengths_pg)
             for p in np.flatnonzero(out):
