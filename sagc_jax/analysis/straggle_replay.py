@@ -141,7 +141,7 @@ def replay_study(folder: Path, arm: str | None = None, sim: dict | None = None) 
             length = max(cfg.sampling.prompt_buckets) + cfg.sampling.max_new_tokens
             timer = step_timer(cfg, length)
         try:
-            workload = ReplayWorkload.of_lines(record["steps"], str(path), seed=record["seed"])
+            workload = ReplayWorkload.from_steps(record["steps"], str(path), seed=record["seed"])
         except ValueError as err:
             raise RecordError(str(err)) from None
         per_seed.append(replay_trace(cfg, workload, timer))

@@ -90,7 +90,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     def workload(cfg: Config):
         try:
-            return ReplayWorkload(
+            return ReplayWorkload.from_file(
                 args.log, seed=cfg.sim.seed, default_prompt_tokens=cfg.sim.prompt_tokens
             )
         except ValueError as err:

@@ -9,6 +9,7 @@ for, so controllers compared on one workload see the same prompts and the same r
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -198,34 +199,17 @@ class ReplayWorkload:
     ``bootstrapped_steps``.
     """
 
-    def __init__(self, path: str | Path, seed: int = 0, default_prompt_tokens: int = 0) -> None:
-        self.path = Path(path)
-        try:
-            text = self.path.read_text()
-        except OSError as err:
-            raise ValueError(f"{self.path}: cannot read the replay log ({err.strerror})") from None
-        lines = []
-        for lineno, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                lines.append((f"{self.path}:{lineno}", json.loads(line)))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{self.path}:{lineno}: not valid JSON ({err.msg})") from None
-        self._read(lines, seed, default_prompt_tokens)
-
-    @classmethod
-    def of_lines(
-        cls, lines: list[dict], where: str, seed: int = 0, default_prompt_tokens: int = 0
-    ) -> ReplayWorkload:
-        """The workload of metrics lines already read (a study record's ``steps``); ``where``
-        names their origin in errors (``where[i]``: the i-th line)."""
-        self = cls.__new__(cls)
-        self.path = Path(where)
-        self._read([(f"{where}[{i}]", r) for i, r in enumerate(lines)], seed, default_prompt_tokens)
-        return self
-
-    def _read(self, lines: list[tuple[str, object]], seed: int, default_prompt_tokens: int) -> None:
+    def __init__(
+        self,
+        lines: Sequence[tuple[str, object]],
+        source: str,
+        seed: int = 0,
+        default_prompt_tokens: int = 0,
+    ) -> None:
+        """``lines``: the log's JSON values, each with where it came from (``file:line``) for
+        errors; ``source`` names the whole log. :meth:`from_file` and :meth:`from_steps` build
+        them."""
+        self.source = source
         self.seed = seed
         self.records: list[np.ndarray] = []  # int64 [P, widest group], padded with -1
         self.rewards_logged: list[np.ndarray | None] = []  # float64, shaped as records
@@ -260,10 +244,42 @@ class ReplayWorkload:
             self.group_sizes.append(np.array([len(g) for g in groups], np.int64))
             self.prompt_tokens_per_step.append(prompt_tokens)
         if not self.records:
-            raise ValueError(f"{self.path}: the replay log has no line with 'lengths'")
+            raise ValueError(f"{self.source}: the replay log has no line with 'lengths'")
         self.num_steps = len(self.records)
         self.has_rewards = all(r is not None for r in self.rewards_logged)
         self.has_prompt_ids = all(i is not None for i in self.ids_logged)
+
+    @classmethod
+    def from_file(
+        cls, path: str | Path, seed: int = 0, default_prompt_tokens: int = 0
+    ) -> ReplayWorkload:
+        """The workload of a metrics JSONL file."""
+        try:
+            text = Path(path).read_text()
+        except OSError as err:
+            raise ValueError(f"{path}: cannot read the replay log ({err.strerror})") from None
+        lines = []
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                lines.append((f"{path}:{lineno}", json.loads(line)))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+        return cls(lines, str(path), seed, default_prompt_tokens)
+
+    @classmethod
+    def from_steps(
+        cls, steps: list[dict], source: str, seed: int = 0, default_prompt_tokens: int = 0
+    ) -> ReplayWorkload:
+        """The workload of metrics lines already read (a study record's ``steps``); errors name
+        the i-th as ``source[i]``."""
+        return cls(
+            [(f"{source}[{i}]", r) for i, r in enumerate(steps)],
+            source,
+            seed,
+            default_prompt_tokens,
+        )
 
     def prompts(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """``(prompt_ids, prompt_tokens)``: the logged ids, or (a log without them) every group a

@@ -63,7 +63,7 @@ def test_a_replayed_trace_carries_its_rewards_and_prompts():
         {"step": 0, "eval/accuracy": 0.1},  # an evaluation line: skipped
         {"lengths": [[3, 4], [5, 9]], "rewards": [[0, 1], [1, 1]], "prompt_ids": [7, 8]},
     ]
-    w = ReplayWorkload.of_lines(lines, "rec.json", seed=3)
+    w = ReplayWorkload.from_steps(lines, "rec.json", seed=3)
     assert w.prompts(0)[0].tolist() == [7, 8]
     np.testing.assert_array_equal(w.rewards(0, 2), [[0, 1], [1, 1]])
     lengths, rewards = w.lengths(0, 6), w.rewards(0, 6)  # resampled: a length with its reward
@@ -73,8 +73,8 @@ def test_a_replayed_trace_carries_its_rewards_and_prompts():
     } <= table
     bad = [{"lengths": [[3, 4]], "rewards": [[0]]}]
     with pytest.raises(ValueError, match=r"rec\.json\[0\]: 'rewards' must be numbers shaped"):
-        ReplayWorkload.of_lines(bad, "rec.json")
-    assert ReplayWorkload.of_lines([{"lengths": [[1]]}], "r").rewards(0, 1) is None
+        ReplayWorkload.from_steps(bad, "rec.json")
+    assert ReplayWorkload.from_steps([{"lengths": [[1]]}], "r").rewards(0, 1) is None
 
 
 def _study(folder, steps=12):

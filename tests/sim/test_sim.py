@@ -159,21 +159,21 @@ def test_replay_first_g_then_bootstrap(tmp_path):
             {"step": 1, "lengths": [[9, 9, 9, 90], [1, 1, 1, 1]], "prompt_tokens": 10},
         ],
     )
-    w = ReplayWorkload(log)
+    w = ReplayWorkload.from_file(log)
     assert w.num_steps == 2
     np.testing.assert_array_equal(w.lengths(0, 2), [[1, 2], [5, 6]])
     filled = w.lengths(0, 8)
     assert filled.shape == (2, 8) and not w.is_bootstrapped(0, 4) and w.is_bootstrapped(0, 8)
     np.testing.assert_array_equal(filled[:, :4], [[1, 2, 3, 4], [5, 6, 7, 8]])
     assert set(filled[0, 4:]) <= {1, 2, 3, 4} and set(filled[1, 4:]) <= {5, 6, 7, 8}
-    np.testing.assert_array_equal(filled, ReplayWorkload(log).lengths(0, 8))  # seeded
+    np.testing.assert_array_equal(filled, ReplayWorkload.from_file(log).lengths(0, 8))  # seeded
 
 
 def test_replay_reads_groups_of_mixed_sizes(tmp_path):
     """A hybrid per_prompt log: groups of their own sizes; a request beyond a group's size
     resamples that group's own lengths, and groups of one size replay as before."""
     log = write_log(tmp_path / "log.jsonl", [{"lengths": [[1, 2, 3, 4], [5, 6], [7, 8, 9, 10]]}])
-    w = ReplayWorkload(log)
+    w = ReplayWorkload.from_file(log)
     np.testing.assert_array_equal(w.lengths(0, 2), [[1, 2], [5, 6], [7, 8]])
     assert not w.is_bootstrapped(0, 2) and w.is_bootstrapped(0, 4)
     filled = w.lengths(0, 4)
@@ -187,7 +187,8 @@ def test_replay_reads_groups_of_mixed_sizes(tmp_path):
     picks = rng.integers(0, 4, size=(2, 4))
     logged = np.array([[1, 2, 3, 4], [5, 6, 7, 8]])
     np.testing.assert_array_equal(
-        ReplayWorkload(equal).lengths(0, 8)[:, 4:], np.take_along_axis(logged, picks, axis=1)
+        ReplayWorkload.from_file(equal).lengths(0, 8)[:, 4:],
+        np.take_along_axis(logged, picks, axis=1),
     )
 
 
@@ -206,7 +207,7 @@ def test_replay_errors_name_file_and_line(tmp_path, line, message):
     path = tmp_path / "log.jsonl"
     path.write_text('{"lengths": [[1, 2]]}\n' + line + "\n")
     with pytest.raises(ValueError, match=message.replace("[", r"\[")):
-        ReplayWorkload(path)
+        ReplayWorkload.from_file(path)
 
 
 def test_replay_command(tmp_path, capsys):

@@ -276,7 +276,7 @@ def test_train_command_writes_replayable_metrics_and_tensorboard(tmp_path, capsy
     ):
         assert key in steps[-1], key
     assert "eval/accuracy" in lines[0] and "eval/accuracy" in steps[-1]
-    assert ReplayWorkload(run / "metrics.jsonl").num_steps == 3
+    assert ReplayWorkload.from_file(run / "metrics.jsonl").num_steps == 3
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert json.loads((run / "summary.json").read_text())["steps"] == 3
 
