@@ -32,7 +32,7 @@ import numpy as np
 
 from sagc_jax.analysis.compare import timing_config
 from sagc_jax.analysis.records import RecordError, read_record
-from sagc_jax.analysis.study import mean_ci
+from sagc_jax.analysis.study import mean_ci, paired_difference
 from sagc_jax.config import Config, from_dict
 from sagc_jax.controller import make_controller
 from sagc_jax.controller.observation import StraggleTest
@@ -45,6 +45,7 @@ from sagc_jax.sim.workload import ReplayWorkload
 ADAPTIVE = ("sagc", "sagc_plus", "sagc_value")
 FLOOR_SHARE = 1 / 16  # the floor test's median floor, a share of the cap
 MIN_COST = 0.10  # the cost test's share of the step's modeled seconds
+RATE_MARGIN = 0.05  # the study's H3: a controller's straggle rate within delta + 0.05
 
 
 def straggle_tests(seconds, cap: int) -> list[StraggleTest | None]:
@@ -168,7 +169,91 @@ def replay_study(folder: Path, arm: str | None = None, sim: dict | None = None) 
         "rows": keyed,
         "candidates": candidates,
         "accuracy": accuracy,
+        "rate_budget": cfg.controller.delta + RATE_MARGIN,
     }
+
+
+def _above_zero(diff: tuple[float, float, int]) -> bool | None:
+    """Whether a paired difference's 95% interval lies above 0; None with fewer than 2 pairs."""
+    mean, half, n = diff
+    return None if n < 2 else bool(mean - half > 0)
+
+
+def rule_verdict(result: dict) -> dict:
+    """The win rule of docs/experiments/real-straggler.md, written before any replay ran, read
+    off ``replay_study``'s result. A test other than the paper's wins for a controller when a
+    larger fixed G learned more (the widest fixed arm's final held-out accuracy above the
+    narrowest's, paired over the seeds, the 95% interval above 0) and, paired over the seeds
+    against the paper's test, the controller's second-half mean G is larger (interval above 0),
+    its modeled compacting time stays below the widest fixed G's on every seed and its own
+    straggle rate (mean over the seeds) within ``delta + 0.05``. Of two winners the one of the
+    smaller mean modeled time is taken. None where a comparison needs more seeds than there are."""
+    lo, hi = min(result["candidates"]), max(result["candidates"])
+    acc = result["accuracy"]
+    both = sorted(set(acc.get(hi, {})) & set(acc.get(lo, {})))
+    gain = paired_difference([acc[hi][s] for s in both], [acc[lo][s] for s in both])
+    learned = _above_zero(gain)
+    rows = []
+    for (controller, test), v in result["rows"].items():
+        if test == "relative" or controller.startswith("fixed"):
+            continue
+        paper = result["rows"][(controller, "relative")]
+        late = paired_difference(v["late_G"], paper["late_G"])
+        checks = [
+            learned,
+            _above_zero(late),
+            max(v["compacting_vs_widest"]) < 1,
+            float(np.mean(v["own_rate"])) <= result["rate_budget"],
+        ]
+        rows.append(
+            {
+                "controller": controller,
+                "test": test,
+                "late_G_gain": late,
+                "worst_vs_widest": max(v["compacting_vs_widest"]),
+                "own_rate": float(np.mean(v["own_rate"])),
+                "compacting_s": float(np.mean(v["compacting_s"])),
+                "wins": False if False in checks else (None if None in checks else True),
+            }
+        )
+    winners = {}
+    for row in sorted(rows, key=lambda r: r["compacting_s"]):
+        if row["wins"]:
+            winners.setdefault(row["controller"], row["test"])
+    return {"gain": gain, "learned": learned, "rows": rows, "winners": winners}
+
+
+def format_verdict(verdict: dict, lo: int, hi: int, budget: float) -> str:
+    """The rule's verdict as markdown."""
+    mean, half, n = verdict["gain"]
+    gain = "no pair of seeds" if n == 0 else _pm(mean, half, ".3f")
+    lines = [
+        f"The rule (docs/experiments/real-straggler.md): fixed G = {hi} minus fixed G = {lo}, "
+        f"final held-out accuracy paired over {n} seed(s): {gain}; a larger G learned more: "
+        f"{_yes(verdict['learned'])}.",
+        "",
+        f"| controller | straggle test | G, 2nd half, minus the paper's test | worst / fixed {hi} "
+        f"| own straggle rate (<= {budget:.2f}) | wins |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in verdict["rows"]:
+        lines.append(
+            f"| {row['controller']} | {row['test']} | {_pm(*row['late_G_gain'][:2], '.2f')} "
+            f"| {row['worst_vs_widest']:.2f} | {row['own_rate']:.3f} | {_yes(row['wins'])} |"
+        )
+    undecided = any(row["wins"] is None for row in verdict["rows"])
+    won = ", ".join(f"{c}: {t}" for c, t in verdict["winners"].items()) or (
+        "undecided (needs 2+ seeds)" if undecided else "none"
+    )
+    return "\n".join([*lines, "", f"Winners: {won}."])
+
+
+def _yes(flag: bool | None) -> str:
+    return "needs 2+ seeds" if flag is None else ("yes" if flag else "no")
+
+
+def _pm(mean: float, half: float, fmt: str) -> str:
+    return f"{mean:{fmt}}" if not math.isfinite(half) else f"{mean:{fmt}} ± {half:{fmt}}"
 
 
 def format_replay(result: dict) -> str:
@@ -215,9 +300,10 @@ def format_replay(result: dict) -> str:
     for g, by_seed in acc.items():
         seeds_g = ", ".join(map(str, sorted(by_seed)))
         lines.append(f"| {g} | {seeds_g} | {_mci(list(by_seed.values()), '.3f')} |")
-    return "\n".join(lines)
+    verdict = format_verdict(rule_verdict(result), lo, hi, result["rate_budget"])
+    return "\n".join([*lines, "", verdict])
 
 
 def _mci(values, fmt: str) -> str:
-    mean, half, n = mean_ci(values)
-    return f"{mean:{fmt}}" if n < 2 else f"{mean:{fmt}} ± {half:{fmt}}"
+    mean, half, _ = mean_ci(values)
+    return _pm(mean, half, fmt)

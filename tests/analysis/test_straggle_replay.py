@@ -6,7 +6,7 @@ import pytest
 from helpers import TINY
 
 from sagc_jax.analysis.records import make_record, run_name, write_record
-from sagc_jax.analysis.straggle_replay import replay_study
+from sagc_jax.analysis.straggle_replay import replay_study, rule_verdict
 from sagc_jax.cli import main
 from sagc_jax.config import load_config
 from sagc_jax.controller import StepObservation, make_controller
@@ -129,5 +129,49 @@ def test_replay_over_records_spares_the_cheap_tails(tmp_path, capsys):
     assert main(["replay", "--records", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "| sagc_plus | floor |" in out and "| 4 | 0, 1 | 0.405 ± " in out
+    # fixed G = 4 learned more on both seeds, but every variant played G = 4 at its cost
+    assert "a larger G learned more: yes" in out and "Winners: none." in out
     assert main(["replay", "--records", str(tmp_path), "--set", "controller.tau=2"]) == 2
     assert "drop --config/--set" in capsys.readouterr().err
+
+
+def _replayed(late_g, vs_widest, own_rate, seconds):
+    return {
+        "late_G": late_g,
+        "compacting_vs_widest": vs_widest,
+        "own_rate": own_rate,
+        "compacting_s": seconds,
+    }
+
+
+def test_the_rule_takes_the_cheaper_winner_only_where_a_larger_g_learned_more():
+    three = [0.3, 0.3, 0.3]
+    rows = {
+        ("fixed:4", "relative"): _replayed([4] * 3, [1.0] * 3, three, [3.0] * 3),
+        ("sagc_plus", "relative"): _replayed([2.0, 2.1, 2.0], [0.5] * 3, three, [1.0] * 3),
+        ("sagc_plus", "floor"): _replayed([3.0, 3.5, 3.2], [0.8, 0.9, 0.95], [0.2] * 3, [2.0] * 3),
+        ("sagc_plus", "cost"): _replayed([3.5, 3.9, 3.7], [0.7, 0.8, 0.9], [0.1] * 3, [1.8] * 3),
+        ("sagc_value", "relative"): _replayed([2.0] * 3, [0.5] * 3, three, [1.0] * 3),
+        # dearer than fixed G = 4 on one seed; over the straggle budget
+        ("sagc_value", "floor"): _replayed([3.0, 3.2, 3.1], [0.9, 1.01, 0.9], three, [2.0] * 3),
+        ("sagc_value", "cost"): _replayed([3.0, 3.2, 3.1], [0.9] * 3, [0.4] * 3, [2.0] * 3),
+    }
+    accuracy = {2: {0: 0.20, 1: 0.21, 2: 0.19}, 4: {0: 0.30, 1: 0.33, 2: 0.31}}
+    result = {"rows": rows, "candidates": (2, 4), "accuracy": accuracy, "rate_budget": 0.35}
+    verdict = rule_verdict(result)
+    assert verdict["learned"] is True
+    assert {(r["controller"], r["test"]): r["wins"] for r in verdict["rows"]} == {
+        ("sagc_plus", "floor"): True,
+        ("sagc_plus", "cost"): True,
+        ("sagc_value", "floor"): False,
+        ("sagc_value", "cost"): False,
+    }
+    assert verdict["winners"] == {"sagc_plus": "cost"}  # of two winners, the cheaper
+    # where the larger G did not learn more, keeping G large buys nothing: no test wins
+    flipped = {2: accuracy[4], 4: accuracy[2]}
+    assert rule_verdict({**result, "accuracy": flipped})["winners"] == {}
+    # one seed decides nothing
+    one = {k: {key: vals[:1] for key, vals in v.items()} for k, v in rows.items()}
+    single = rule_verdict({**result, "rows": one, "accuracy": {2: {0: 0.2}, 4: {0: 0.3}}})
+    assert single["learned"] is None and {r["wins"] for r in single["rows"]} == {None, False}
+    assert single["winners"] == {}
