@@ -251,6 +251,17 @@ def load_hf_checkpoint(
         scan_layers=scan_layers,
     )
     graphdef, abstract_state = _abstract_model(cfg)
+    return nnx.merge(graphdef, read_hf_params(path, cfg, abstract_state)), cfg
+
+
+def read_hf_params(path: str, cfg: DecoderConfig, abstract_state: nnx.State) -> nnx.State:
+    """The tensors of checkpoint directory ``path`` as the params of a model of ``cfg`` (its
+    architecture, read from the same directory): ``abstract_state`` (the model's params as
+    shapes, e.g. ``nnx.split(nnx.eval_shape(...))``) with every value read, in
+    ``cfg.param_dtype``, on the default device.
+
+    Raises ConfigError naming the file for an unreadable or truncated index or safetensors
+    file, and CheckpointMismatchError listing every missing, unexpected or mis-shaped tensor."""
     flat = dict(nnx.to_flat_state(abstract_state))
     _check_table_covers(cfg, set(flat))
     files = _safetensors_files(path)
@@ -294,8 +305,7 @@ def load_hf_checkpoint(
             f"{path} does not match a {cfg.family} model with {cfg.num_layers} layers "
             f"({len(problems)} problems):\n" + "\n".join(problems)
         )
-    state = nnx.map_state(lambda p, var: var.replace(value=values[p]), abstract_state)
-    return nnx.merge(graphdef, state), cfg
+    return nnx.map_state(lambda p, var: var.replace(value=values[p]), abstract_state)
 
 
 def write_safetensors(
@@ -372,6 +382,7 @@ __all__ = [
     "hf_architecture",
     "hf_shapes",
     "load_hf_checkpoint",
+    "read_hf_params",
     "read_hf_config",
     "save_hf_checkpoint",
     "save_hf_params",

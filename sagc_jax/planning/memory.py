@@ -146,10 +146,10 @@ class MemoryModel:
             )
         self.cfg, self.sharding, self.group_size = cfg, plan, group_size
         arch, self.source = architecture  # the model's, and where it came from
-        policy = abstract_policy(arch, plan)
-        self.run, self.state = build_run(training, plan, policy, concrete=False)
-        self.arch = policy.arch  # what the samplers decode (with LoRA: the base's)
-        self.decoded = policy.params
+        self.policy = abstract_policy(arch, plan)  # the model, traced once
+        self.run, self.state = build_run(training, plan, self.policy, concrete=False)
+        self.arch = self.policy.arch  # what the samplers decode (with LoRA: the base's)
+        self.decoded = self.policy.params
         self._update_items: dict[int, list[Item]] = {}
         m = cfg.model
         self.lora = f"rank {m.lora_rank} on {', '.join(m.lora_targets)}" if m.lora_rank else ""
@@ -202,9 +202,10 @@ class MemoryModel:
         """The KV cache of ``slots`` rows (0: every rollout) of a step of G = ``g`` and its
         prompts' prefill cache."""
         cfg, arch, shards = self.cfg, self.arch, self.sharding.batch_shards
-        rows = prompts_for(cfg.train, g) * g
+        prompts, bucket = prompts_for(cfg.train, g), max(cfg.sampling.prompt_buckets)
+        rows = prompts * g
         decoded = decode_rows(cfg.train, g, slots)
-        width = max(cfg.sampling.prompt_buckets) + cfg.sampling.max_new_tokens
+        width = bucket + cfg.sampling.max_new_tokens
         cache = (decoded, arch.num_kv_heads, arch.head_dim, width)
         layer = jax.ShapeDtypeStruct(
             cache,
@@ -231,7 +232,6 @@ class MemoryModel:
             round(growth * per_layer * whole_bytes(layer)),
         )
         # One prefill per prompt, its cache replicated on every device (copied into the slots).
-        prompts, bucket = prompts_for(cfg.train, g), max(cfg.sampling.prompt_buckets)
         prompt_bytes = per_layer * prompts * arch.num_kv_heads * arch.head_dim * bucket
         prompt_bytes *= np.dtype(arch.compute_jnp_dtype).itemsize
         detail = f"{prompts} prompts x {bucket} tokens x {arch.num_layers} layers, on every device"

@@ -29,7 +29,7 @@ from sagc_jax.planning.choices import check_names
 from sagc_jax.planning.memory import GIB, MemoryModel, MemoryPlan
 from sagc_jax.planning.timing import controller_for_run
 from sagc_jax.programs.packing import resolve_pack_len, row_multiple
-from sagc_jax.programs.policy import architecture, source_tokenizer
+from sagc_jax.programs.policy import Policy, architecture, source_tokenizer
 from sagc_jax.programs.shapes import (
     check_batch_shapes,
     decode_rows,
@@ -69,6 +69,12 @@ class RunShape:
     memory: MemoryModel
     training: TrainingSettings
     refused: str = ""  # what_if: why a run of these shapes would not start ("": it would)
+
+    @property
+    def policy(self) -> Policy:
+        """The run's model as shapes and shardings, traced once (the memory model's): what
+        ``programs.policy.build_sharded_policy`` makes concrete."""
+        return self.memory.policy
 
     @property
     def candidates(self) -> tuple[int, ...]:
@@ -159,7 +165,8 @@ def resolve_run(
             )
         cfg = _with_sampling(cfg, prompt_buckets=source.prompt_buckets)
     training = training_settings(cfg)
-    arch, arch_source = architecture(cfg)  # the model's shapes, read once
+    tokenizer = source.tokenizer if source is not None else None  # a preset's special tokens
+    arch, arch_source = architecture(cfg, tokenizer)  # the model's, read once
     controller = controller_for_run(cfg, arch, training.signal_only)
     refused = ""
     try:

@@ -13,8 +13,7 @@ from flax import nnx
 
 from sagc_jax.config import Config, ConfigError, ModelConfig
 from sagc_jax.models import Decoder, DecoderConfig, Tokenizer, get_preset, load_hf_checkpoint
-from sagc_jax.models.hf_checkpoint import hf_architecture
-from sagc_jax.parallel import ShardingPlan
+from sagc_jax.models.hf_checkpoint import hf_architecture, read_hf_params
 from sagc_jax.tasks import CharTokenizer
 from sagc_jax.tasks.source import SOURCES
 
@@ -73,31 +72,33 @@ def _checkpoint_model(m: ModelConfig) -> Decoder:
     return model
 
 
-def build_sharded_policy(m: ModelConfig, tokenizer, seed: int, plan: ShardingPlan) -> Policy:
-    """The model of the ``model`` section with its params placed by ``plan``.
+def build_sharded_policy(abstract: Policy, hf_checkpoint: str | None, seed: int) -> Policy:
+    """The model of ``abstract`` (the run's, as ``resolve_run`` traced it once: ``RunShape.policy``)
+    with its params made and placed by ``abstract.shardings``.
 
-    A random preset is initialised inside one program whose outputs are already split, so no
-    device ever holds the whole model; HF weights are read (onto the first device), copied to
-    the host once, and each device takes its piece from there.
+    A random preset (no ``hf_checkpoint``) is initialised inside one program whose outputs are
+    already split, so no device ever holds the whole model; HF weights are read (onto the first
+    device), copied to the host once, and each device takes its piece from there.
     """
-    if not m.hf_checkpoint:
-        arch = preset_architecture(m, tokenizer)
+    arch, shardings = abstract.arch, abstract.shardings
+    if not hf_checkpoint:
 
         def init():
             return nnx.split(Decoder(arch, rngs=nnx.Rngs(seed)))[1]
 
-        graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Decoder(arch, rngs=nnx.Rngs(seed))))
-        shardings = plan.params(abstract)
-        return Policy(graphdef, jax.jit(init, out_shardings=shardings)(), arch, shardings)
-    model = _checkpoint_model(m)
-    graphdef, params = nnx.split(model)
-    shardings = plan.params(params)
+        return abstract._replace(params=jax.jit(init, out_shardings=shardings)())
+    if not (Path(hf_checkpoint) / "config.json").is_file():
+        raise ConfigError(
+            f"model.hf_checkpoint = {hf_checkpoint}: no config.json there; a Hugging Face "
+            "checkpoint directory holds config.json and its .safetensors"
+        )
+    params = read_hf_params(hf_checkpoint, arch, abstract.params)
 
     def place(x, sharding):  # every device takes its own piece of one host copy
         host = np.asarray(x)
         return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
-    return Policy(graphdef, jax.tree.map(place, params, shardings), model.config, shardings)
+    return abstract._replace(params=jax.tree.map(place, params, shardings))
 
 
 def run_settings(m: ModelConfig) -> dict:
@@ -128,15 +129,19 @@ def preset_architecture(m: ModelConfig, tokenizer=None) -> DecoderConfig:
     return arch
 
 
-def architecture(cfg: Config) -> tuple[DecoderConfig, str]:
-    """The model's shapes: the HF checkpoint's config.json if present, else the preset."""
+def architecture(cfg: Config, tokenizer=None) -> tuple[DecoderConfig, str]:
+    """The model's architecture and where it came from: the HF checkpoint's config.json if
+    present, else the preset with ``tokenizer``'s special tokens (the run's; None: its source's
+    own tokenizer if it has one, whose vocabulary then sizes the preset, else the preset's)."""
     m = cfg.model
     if not (m.hf_checkpoint and (Path(m.hf_checkpoint) / "config.json").is_file()):
         source = f"preset {m.preset}"
         if m.hf_checkpoint:
             source += f" ({m.hf_checkpoint} not found)"
-        own = SOURCES[cfg.data.task].tokenizer  # its vocabulary sizes the preset
-        return preset_architecture(m, own() if own else None), source
+        own = SOURCES[cfg.data.task].tokenizer
+        if tokenizer is None and own is not None:
+            tokenizer = own()
+        return preset_architecture(m, tokenizer), source
     settings = run_settings(m)
     arch = hf_architecture(m.hf_checkpoint, **settings)  # a bad config.json: one line naming it
     return arch, f"{m.hf_checkpoint}/config.json"

@@ -131,7 +131,7 @@ class Trainer:
     def _build_policy_and_programs(self, cfg: Config) -> None:
         """The policy (warm-started from ``train.init_checkpoint`` if set), the run's state and
         programs, the free-space check and the update batcher."""
-        policy = build_sharded_policy(cfg.model, self.tokenizer, cfg.train.seed, self.plan)
+        policy = build_sharded_policy(self.shape.policy, cfg.model.hf_checkpoint, cfg.train.seed)
         if cfg.train.init_checkpoint:
             params = load_run_params(cfg.train.init_checkpoint, policy.params)
             policy = policy._replace(params=params)

@@ -15,9 +15,9 @@ import numpy as np
 
 from sagc_jax.config import MeshConfig, load_config
 from sagc_jax.parallel import ShardingPlan, bytes_per_device
-from sagc_jax.programs.policy import build_sharded_policy
+from sagc_jax.programs.policy import build_sharded_policy, preset_architecture
 from sagc_jax.programs.shapes import training_settings
-from sagc_jax.programs.state import build_run
+from sagc_jax.programs.state import abstract_policy, build_run
 from sagc_jax.rl import completion_mask
 from sagc_jax.sampling import left_pad
 from sagc_jax.sampling.sampler import policy_sampler
@@ -61,7 +61,8 @@ def run(mesh_shape, devices, kl_beta):
     overrides += [f"sampling.max_new_tokens={NEW}", "loss.algorithm=dapo", "loss.eps_high=0.28"]
     cfg = load_config(None, overrides)
     plan = ShardingPlan.from_config(MeshConfig(*mesh_shape), devices)
-    policy = build_sharded_policy(cfg.model, _Tok(), 0, plan)
+    abstract = abstract_policy(preset_architecture(cfg.model, _Tok()), plan)
+    policy = build_sharded_policy(abstract, None, 0)
     programs, state = build_run(training_settings(cfg), plan, policy)
     assert (state.ref_params is not None) == (kl_beta > 0)
     params, opt_state = state.params, state.opt_state
