@@ -33,7 +33,7 @@ def test_a_checkpoint_is_read_into_the_traced_model(tmp_path):
     abstract = abstract_policy(loaded_arch, _plan())
     policy = build_sharded_policy(abstract, str(tmp_path / "hf"), seed=0)
     _leaves_equal(policy.params, nnx.split(loaded)[1])
-    assert policy.arch == loaded_arch and policy.graphdef == abstract.graphdef
+    assert policy.arch == loaded_arch
     placed = zip(jax.tree.leaves(policy.params), jax.tree.leaves(abstract.shardings), strict=True)
     assert all(x.sharding == s for x, s in placed)
 
